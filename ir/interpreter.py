@@ -1,0 +1,179 @@
+"""The reference interpreter: exact semantics of every opcode, in torch.
+
+It is the oracle for everything after the IR: the schedule verifier runs task slices of these
+same functions, and the kernel is compared with its logits. It runs a step over T tokens at
+once (prefill) or one (decode), on CPU or CUDA, computing in `dtype` (float32 by default) with
+weights upcast from whatever they are stored in. KV caches persist between steps.
+
+An opcode's semantics is a function `(op, inputs, step) -> outputs` registered with `@semantics`;
+inputs are torch tensors with a leading token dimension for activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from tilertc.ir.graph import Graph, Op, TensorKind
+from tilertc.ir.rope import apply_rope, cos_sin
+
+
+@dataclass
+class Step:
+    """What a step's ops may read besides their inputs: token positions and persistent state."""
+
+    positions: torch.Tensor  # [T] int64
+    state: dict[str, torch.Tensor]  # KV caches and other persistent buffers, by tensor name
+    dtype: torch.dtype
+
+
+Semantics = Callable[[Op, list[torch.Tensor], Step], list[torch.Tensor]]
+SEMANTICS: dict[str, Semantics] = {}
+
+
+def semantics(*opcodes: str) -> Callable[[Semantics], Semantics]:
+    def register(fn: Semantics) -> Semantics:
+        for name in opcodes:
+            SEMANTICS[name] = fn
+        return fn
+
+    return register
+
+
+# -- dense ops ---------------------------------------------------------------------------------
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+@semantics("embedding")
+def _embedding(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    ids, table = ins
+    return [table[ids.reshape(-1)].to(step.dtype)]
+
+
+@semantics("rms_norm")
+def _rms_norm(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    x, w = ins
+    return [rms_norm(x, w, op.attrs["eps"])]
+
+
+@semantics("head_rms_norm")
+def _head_rms_norm(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    x, w = ins
+    t = x.shape[0]
+    y = rms_norm(x.reshape(t, op.attrs["n_heads"], op.attrs["head_dim"]), w, op.attrs["eps"])
+    return [y.reshape(t, -1)]
+
+
+@semantics("linear")
+def _linear(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    return [F.linear(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
+
+
+@semantics("rope")
+def _rope(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    x = ins[0]
+    a = op.attrs
+    t = x.shape[0]
+    cos, sin = cos_sin(a["rope"], a["head_dim"], step.positions)
+    y = apply_rope(x.reshape(t, a["n_heads"], a["head_dim"]), cos, sin, a["rope"]["interleaved"])
+    return [y.reshape(t, -1)]
+
+
+@semantics("kv_append")
+def _kv_append(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    outs = []
+    for src, cache_name in zip(ins[:-1], op.outputs):
+        cache = step.state[cache_name]
+        cache[step.positions] = src.reshape(src.shape[0], *cache.shape[1:]).to(cache.dtype)
+        outs.append(cache)
+    return outs
+
+
+def causal_mask(step: Step, n_keys: int) -> torch.Tensor:
+    """[T, n_keys] True where a query token may see a cached key (key position <= its own)."""
+    keys = torch.arange(n_keys, device=step.positions.device)
+    return keys[None, :] <= step.positions[:, None]
+
+
+@semantics("attention")
+def _attention(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    q, kc, vc = ins[0], ins[1], ins[2]
+    a = op.attrs
+    t, nh, nkv, hd = q.shape[0], a["n_heads"], a["n_kv_heads"], a["head_dim"]
+    n = int(step.positions.max()) + 1
+    k = kc[:n].to(step.dtype).repeat_interleave(nh // nkv, dim=1)  # [n, nh, hd]
+    v = vc[:n].to(step.dtype).repeat_interleave(nh // nkv, dim=1)
+    scores = torch.einsum("thd,nhd->thn", q.reshape(t, nh, hd), k) * a["scale"]
+    scores = scores.masked_fill(~causal_mask(step, n)[:, None, :], float("-inf"))
+    p = scores.softmax(-1)
+    return [torch.einsum("thn,nhd->thd", p, v).reshape(t, nh * hd)]
+
+
+@semantics("add")
+def _add(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    return [ins[0] + ins[1]]
+
+
+@semantics("silu_mul")
+def _silu_mul(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    return [F.silu(ins[0]) * ins[1]]
+
+
+@semantics("argmax")
+def _argmax(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    return [ins[0].argmax(-1, keepdim=True)]
+
+
+# -- running a graph ---------------------------------------------------------------------------
+
+def _load_semantics() -> None:
+    """Import the modules that register the semantics of the other families' opcodes."""
+    import importlib
+
+    for mod in ("tilertc.ir.moe", "tilertc.ir.mla"):
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+
+
+class Interpreter:
+    """Runs a graph step by step with weights given by Hugging Face name."""
+
+    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, cache_dtype: torch.dtype | None = None) -> None:
+        _load_semantics()
+        self.graph, self.device, self.dtype = graph, torch.device(device), dtype
+        self.params: dict[str, torch.Tensor] = {}
+        for t in graph.weights():
+            if t.hf_name not in weights:
+                raise KeyError(f"weight {t.hf_name!r} (tensor {t.name!r}) is missing from the weights")
+            w = weights[t.hf_name]
+            if tuple(w.shape) != t.shape:
+                raise ValueError(f"weight {t.hf_name!r} has shape {tuple(w.shape)}, the model needs {t.shape}")
+            self.params[t.name] = w.to(self.device, dtype)
+        cache_dtype = cache_dtype or dtype
+        self.state = {t.name: torch.zeros(t.shape, dtype=cache_dtype, device=self.device)
+                      for t in graph.tensors.values() if t.kind is TensorKind.KV_CACHE}
+        unknown = sorted({op.opcode for op in graph.ops()} - SEMANTICS.keys())
+        if unknown:
+            raise NotImplementedError(f"no interpreter semantics for opcodes {unknown}")
+
+    def run(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Run the graph over tokens [T] at positions [T]; returns every tensor computed."""
+        step = Step(positions.to(self.device), self.state, self.dtype)
+        env: dict[str, Any] = dict(self.params)
+        env["token"] = tokens.to(self.device)
+        env["pos"] = step.positions
+        env.update(self.state)
+        for op in self.graph.ops():
+            outs = SEMANTICS[op.opcode](op, [env[i] for i in op.inputs], step)
+            env.update(zip(op.outputs, outs))
+        return env

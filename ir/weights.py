@@ -1,0 +1,50 @@
+"""Model weights in Hugging Face naming: from a state dict, a safetensors file, or a directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WeightSource = dict[str, torch.Tensor] | str | Path
+
+
+def load_state_dict(source: WeightSource) -> dict[str, torch.Tensor]:
+    """A {Hugging Face name: tensor} dict from a dict, a .safetensors file, or a directory of them."""
+    if isinstance(source, dict):
+        return source
+    from safetensors.torch import load_file
+
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {path}")
+    elif path.is_file():
+        files = [path]
+    else:
+        raise FileNotFoundError(f"weights not found: {path}")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def random_weights(graph, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
+                   std: float = 0.02) -> dict[str, torch.Tensor]:
+    """Random weights for every weight tensor of `graph`, by Hugging Face name.
+
+    Norm weights are drawn around 1 and biases around 0 so that activations stay in range
+    through many layers, as in a trained model.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for t in graph.weights():
+        if t.hf_name in out:
+            continue
+        if len(t.shape) == 1 and "norm" in t.hf_name:
+            w = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+        else:
+            w = std * torch.randn(t.shape, generator=gen)
+        out[t.hf_name] = w.to(dtype)
+    return out
