@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tilertc.model_specs.spec import SUPPORTED_MODEL_TYPES, ModelSpec, RopeSpec, SpecError
+from tilertc.model_specs.validate import validate
 
 
 class ConfigReader:
@@ -69,12 +70,10 @@ def rope_from_config(r: ConfigReader, interleaved: bool = False) -> RopeSpec:
 
 
 def dense_fields(r: ConfigReader) -> dict[str, Any]:
-    """Fields every family shares, validated for consistency."""
+    """Fields every family shares (their consistency is checked by `validate`)."""
     h = r.get("hidden_size", int, positive=True)
     nh = r.get("num_attention_heads", int, positive=True)
     nkv = r.get("num_key_value_heads", int, nh, positive=True)
-    if nh % nkv:
-        raise r.error("num_key_value_heads", f"{nkv} does not divide num_attention_heads {nh}")
     return {
         "hidden_size": h,
         "num_layers": r.get("num_hidden_layers", int, positive=True),
@@ -129,8 +128,9 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None,
     r = ConfigReader(cfg, source)
     mt = cfg.get("model_type")
     if mt is None:
-        raise r.error("model_type", f"required but missing (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
+        raise r.error("model_type", "required but missing "
+                      f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
     if mt not in PARSERS:
         raise r.error("model_type", f"unsupported model type {mt!r} "
                       f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    return PARSERS[mt](r, name or cfg.get("_name_or_path") or mt)
+    return validate(PARSERS[mt](r, name or cfg.get("_name_or_path") or mt), source)
