@@ -1,16 +1,9 @@
-"""Model descriptions: the typed `ModelSpec`, built-in specs and the Hugging Face config frontend."""
+"""Model descriptions: the typed `ModelSpec`, built-in specs and the HF config frontend."""
 
 from tilertc.model_specs.hf import spec_from_hf_config
+from tilertc.model_specs.load import builtin_names, load_spec
 from tilertc.model_specs.spec import ModelSpec, SpecError
+from tilertc.model_specs.validate import validate
 
-
-def load_spec(name_or_path, overrides=None) -> ModelSpec:  # replaced by the full frontend
-    import json
-
-    with open(name_or_path) as f:
-        cfg = json.load(f)
-    cfg.update(overrides or {})
-    return spec_from_hf_config(cfg, source=str(name_or_path))
-
-
-__all__ = ["ModelSpec", "SpecError", "load_spec", "spec_from_hf_config"]
+__all__ = ["ModelSpec", "SpecError", "builtin_names", "load_spec", "spec_from_hf_config",
+           "validate"]
