@@ -45,7 +45,7 @@ def inv_freq_and_attention_factor(rope: dict, dim: int) -> tuple[torch.Tensor, f
         ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
         extrapolation = 1 - ramp
         inv = (inv / factor) * (1 - extrapolation) + inv * extrapolation
-        if rope.get("mscale_all_dim"):
+        if rope["mscale"] and rope["mscale_all_dim"]:  # both given, as transformers requires
             att = yarn_mscale(factor, rope["mscale"]) / yarn_mscale(factor, rope["mscale_all_dim"])
         else:
             att = yarn_mscale(factor)

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tilertc.model_specs.spec import SUPPORTED_MODEL_TYPES, ModelSpec, RopeSpec, SpecError
+from tilertc.model_specs.spec import (
+    SUPPORTED_MODEL_TYPES,
+    IndexerSpec,
+    MLASpec,
+    ModelSpec,
+    MoESpec,
+    RopeSpec,
+    SpecError,
+)
 from tilertc.model_specs.validate import validate
 
 
@@ -64,7 +72,8 @@ def rope_from_config(r: ConfigReader, interleaved: bool = False) -> RopeSpec:
     if kind == "yarn":
         kw["beta_fast"] = sub.get("beta_fast", float, 32.0)
         kw["beta_slow"] = sub.get("beta_slow", float, 1.0)
-        kw["mscale"] = sub.get("mscale", float, 1.0)
+        # 0 = absent: transformers then uses the plain YaRN factor even if mscale_all_dim is set.
+        kw["mscale"] = sub.get("mscale", float, 0.0)
         kw["mscale_all_dim"] = sub.get("mscale_all_dim", float, 0.0)
     return RopeSpec(**kw)
 
@@ -114,9 +123,174 @@ def parse_qwen3(r: ConfigReader, name: str) -> ModelSpec:
                      rope=rope_from_config(r), hf_config=dict(r.cfg), **f)
 
 
+def int_list(r: ConfigReader, field: str) -> tuple[int, ...]:
+    """A list of integers such as layer indices; empty when absent."""
+    v = r.get(field, list, [])
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        raise r.error(field, f"expected a list of integers, got {v!r}")
+    return tuple(v)
+
+
+def layer_names(r: ConfigReader, field: str, allowed: tuple[str, ...], length: int,
+                letters: dict[str, str] | None = None) -> list[str]:
+    """A per-layer list of names drawn from `allowed` (or a string of one letter per layer)."""
+    v = r.cfg[field]
+    if isinstance(v, str) and letters:
+        v = [letters.get(c, c) for c in v]
+    if not isinstance(v, list) or len(v) != length or any(t not in allowed for t in v):
+        raise r.error(field, f"expected {length} entries (one per layer) from {allowed}, "
+                      f"got {r.cfg[field]!r}")
+    return v
+
+
+def parse_qwen3_moe(r: ConfigReader, name: str) -> ModelSpec:
+    """Qwen3 attention (qk-norm) with a softmax-routed MoE and no shared expert."""
+    f = dense_fields(r)
+    if r.get("use_sliding_window", bool, False):
+        raise r.error("use_sliding_window", "sliding-window attention is not supported")
+    moe = MoESpec(
+        num_experts=r.get("num_experts", int, positive=True),
+        experts_per_token=r.get("num_experts_per_tok", int, positive=True),
+        moe_intermediate_size=r.get("moe_intermediate_size", int, positive=True),
+        scoring="softmax",
+        norm_topk_prob=r.get("norm_topk_prob", bool, False),  # the transformers default
+        sparse_step=r.get("decoder_sparse_step", int, 1, positive=True),
+        mlp_only_layers=int_list(r, "mlp_only_layers"),
+    )
+    hd = head_dim(r, f["hidden_size"], f["num_heads"])
+    return ModelSpec(name=name, model_type="qwen3_moe", head_dim=hd, qk_norm=True,
+                     rope=rope_from_config(r), moe=moe, hf_config=dict(r.cfg), **f)
+
+
+def mla_from_config(r: ConfigReader) -> MLASpec:
+    # transformers' default for an absent q_lora_rank is 1536, so only an explicit null means
+    # "no q LoRA"; asking for the key avoids guessing.
+    if "q_lora_rank" not in r.cfg:
+        raise r.error("q_lora_rank", "required but missing (null for a plain q_proj)")
+    return MLASpec(
+        q_lora_rank=r.get("q_lora_rank", int, None, positive=True),
+        kv_lora_rank=r.get("kv_lora_rank", int, positive=True),
+        qk_nope_head_dim=r.get("qk_nope_head_dim", int, positive=True),
+        qk_rope_head_dim=r.get("qk_rope_head_dim", int, positive=True),
+        v_head_dim=r.get("v_head_dim", int, positive=True),
+    )
+
+
+def dense_mlp_layers(r: ConfigReader, num_layers: int,
+                     per_layer_types: bool) -> tuple[int, tuple[int, ...]]:
+    """(leading dense layers, other dense layers) of a DeepSeek-style model.
+
+    DeepSeek-V3 has `first_k_dense_replace`; DeepSeek-V3.2 and GLM-MoE-DSA may instead list
+    `mlp_layer_types` ("dense" / "sparse" per layer), which then wins, as in transformers.
+    """
+    k = r.get("first_k_dense_replace", int, 3)
+    if k < 0:
+        raise r.error("first_k_dense_replace", f"must not be negative, got {k}")
+    if not per_layer_types or r.cfg.get("mlp_layer_types") is None:
+        return min(k, num_layers), ()
+    types = layer_names(r, "mlp_layer_types", ("dense", "sparse"), num_layers)
+    lead = next((i for i, t in enumerate(types) if t == "sparse"), num_layers)
+    return lead, tuple(i for i in range(lead, num_layers) if types[i] == "dense")
+
+
+def deepseek_moe_from_config(r: ConfigReader, num_layers: int, per_layer_types: bool) -> MoESpec:
+    """The DeepSeek-V3 router (sigmoid, correction bias, group-limited top-k) and experts."""
+    for field, supported in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        v = r.get(field, str, supported)
+        if v != supported:
+            raise r.error(field, f"{v!r} is not supported (this family routes with {supported!r})")
+    first_dense, other_dense = dense_mlp_layers(r, num_layers, per_layer_types)
+    return MoESpec(
+        num_experts=r.get("n_routed_experts", int, positive=True),
+        experts_per_token=r.get("num_experts_per_tok", int, positive=True),
+        moe_intermediate_size=r.get("moe_intermediate_size", int, positive=True),
+        num_shared_experts=r.get("n_shared_experts", int, 1),
+        scoring="sigmoid",
+        norm_topk_prob=r.get("norm_topk_prob", bool, True),
+        routed_scaling_factor=r.get("routed_scaling_factor", float, 2.5, positive=True),
+        n_group=r.get("n_group", int, positive=True),
+        topk_group=r.get("topk_group", int, positive=True),
+        has_correction_bias=True,
+        first_dense_layers=first_dense,
+        mlp_only_layers=other_dense,
+    )
+
+
+def indexer_from_config(r: ConfigReader, rope_interleaved: bool,
+                        shared_layers: tuple[int, ...] = ()) -> IndexerSpec:
+    return IndexerSpec(
+        n_heads=r.get("index_n_heads", int, positive=True),
+        head_dim=r.get("index_head_dim", int, positive=True),
+        topk=r.get("index_topk", int, positive=True),
+        rope_interleaved=rope_interleaved,
+        shared_layers=shared_layers,
+    )
+
+
+def glm_shared_indexer_layers(r: ConfigReader, num_layers: int) -> tuple[int, ...]:
+    """Layers that reuse an earlier layer's top-k: from `indexer_types`, else
+    `index_topk_pattern` ("F"/"S" per layer), else `index_topk_freq` and
+    `index_skip_topk_offset`, as `GlmMoeDsaConfig` derives them."""
+    modes = ("full", "shared")
+    if r.cfg.get("indexer_types") is not None:
+        field, types = "indexer_types", layer_names(r, "indexer_types", modes, num_layers)
+    elif r.cfg.get("index_topk_pattern") is not None:
+        field = "index_topk_pattern"
+        types = layer_names(r, field, modes, num_layers, {"F": "full", "S": "shared"})
+    else:
+        field = "index_topk_freq"
+        freq = max(r.get("index_topk_freq", int, 1), 1)
+        offset = r.get("index_skip_topk_offset", int, 2)
+        types = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared"
+                 for i in range(num_layers)]
+    if types[0] != "full":
+        raise r.error(field, "layer 0 must run its own indexer (there is no earlier top-k)")
+    return tuple(i for i, t in enumerate(types) if t == "shared")
+
+
+def mla_moe_spec(r: ConfigReader, name: str, rope_interleaved: bool, per_layer_types: bool,
+                 indexer: IndexerSpec | None = None) -> ModelSpec:
+    """A DeepSeek-style model: MLA attention (optionally DSA-sparse), DeepSeek MoE.
+
+    `head_dim` is the q/k head width (nope + rope); `num_kv_heads` stays the config's value
+    although, in the absorbed decode form, every head reads the one shared latent cache.
+    """
+    f = dense_fields(r)
+    mla = mla_from_config(r)
+    return ModelSpec(name=name, model_type=r.cfg["model_type"], head_dim=mla.qk_head_dim,
+                     rope=rope_from_config(r, interleaved=rope_interleaved), mla=mla,
+                     indexer=indexer,
+                     moe=deepseek_moe_from_config(r, f["num_layers"], per_layer_types),
+                     hf_config=dict(r.cfg), **f)
+
+
+def parse_deepseek_v3(r: ConfigReader, name: str) -> ModelSpec:
+    return mla_moe_spec(r, name, rope_interleaved=r.get("rope_interleave", bool, True),
+                        per_layer_types=False)
+
+
+def parse_deepseek_v32(r: ConfigReader, name: str) -> ModelSpec:
+    # transformers' DeepSeek-V3.2 always rotates the MLA RoPE in interleaved pairs (it ignores
+    # `rope_interleave`) and its indexer in halves, as the fixed reference release does.
+    return mla_moe_spec(r, name, rope_interleaved=True, per_layer_types=True,
+                        indexer=indexer_from_config(r, rope_interleaved=False))
+
+
+def parse_glm_moe_dsa(r: ConfigReader, name: str) -> ModelSpec:
+    # GLM-5 rotates both the MLA and the indexer RoPE in interleaved pairs.
+    layers = r.get("num_hidden_layers", int, positive=True)
+    indexer = indexer_from_config(r, rope_interleaved=True,
+                                  shared_layers=glm_shared_indexer_layers(r, layers))
+    return mla_moe_spec(r, name, rope_interleaved=True, per_layer_types=True, indexer=indexer)
+
+
 PARSERS = {
     "llama": parse_llama,
     "qwen3": parse_qwen3,
+    "qwen3_moe": parse_qwen3_moe,
+    "deepseek_v3": parse_deepseek_v3,
+    "deepseek_v32": parse_deepseek_v32,
+    "glm_moe_dsa": parse_glm_moe_dsa,
 }
 
 

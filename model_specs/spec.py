@@ -62,6 +62,12 @@ class IndexerSpec:
     head_dim: int
     topk: int
     rope_interleaved: bool = False
+    # GLM-MoE-DSA cross-layer sharing: these layers run no indexer of their own and reuse the
+    # top-k of the closest earlier layer that does (layer 0 always runs one).
+    shared_layers: tuple[int, ...] = ()
+
+    def runs_indexer(self, layer: int) -> bool:
+        return layer not in self.shared_layers
 
 
 @dataclass(frozen=True)
