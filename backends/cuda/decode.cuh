@@ -1,0 +1,518 @@
+// tilertc persistent decode kernel: the device library.
+//
+// One CTA per SM runs that SM's static instruction stream for every decode step. Warp 0 is the
+// loader: one lane walks the stream ahead of compute and keeps a ring of shared-memory pages
+// full of weights (bulk async copies completing on mbarriers), across op, layer and token
+// boundaries. The other warps compute; before a task they acquire the counters of the ops it
+// depends on, after it they release its own. The generated prelude defines the model's
+// constants (HIDDEN, HEAD_DIM, ...) and the ring geometry before this file is included.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+namespace tilertc {
+
+// ---- the task table (written by backends/cuda/encode.py; keep the two in step) -------------
+enum Opcode : int { OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4 };
+enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
+enum Field : int {
+  F_OPCODE, F_EPILOGUE, F_ROW0, F_ROW1, F_K, F_IN, F_OUT, F_AUX, F_AUX2, F_W_LO, F_W_HI,
+  F_ROW_BYTES, F_WAIT0, F_WAIT0_N, F_WAIT1, F_WAIT1_N, F_SIGNAL, F_KCACHE, F_VCACHE, F_EPS,
+  F_SCALE, F_COUNT, F_PAD0, F_PAD1, TASK_FIELDS
+};
+constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
+
+// ---- kernel parameters: 8-byte words, laid out by backends/cuda/runtime.py ---------------
+struct Params {
+  const int* tasks;            // [n_tasks][TASK_FIELDS]
+  const int* stream_offsets;   // [num_ctas + 1] into stream_tasks
+  const int* stream_tasks;     // task ids, per CTA in order
+  const uint8_t* weights;      // packed weights
+  float* act;                  // fp32 arena: activations, norm weights, RoPE table, scratch
+  __nv_bfloat16* kv;           // bf16 KV-cache arena
+  const __nv_bfloat16* embed;  // [VOCAB][HIDDEN] embedding table
+  unsigned* counters;          // one per fused op, zeroed before launch
+  int* tokens;                 // [n_steps] device copy of sampled tokens
+  int* host_tokens;            // host-mapped ring [n_steps]
+  int* host_count;             // host-mapped: tokens written so far
+  int* host_stop;              // host-mapped: the host asks the kernel to stop
+  int* status;                 // [STATUS_WORDS] error code, where, steps done
+  long long first_token, start_pos, n_steps, eos_token, rope_offset, sampler_counter;
+  long long watchdog_ns;
+};
+enum Status : int { ST_ERROR, ST_ERROR_SM, ST_ERROR_TASK, ST_ERROR_COUNTER, ST_STOP, ST_STEPS, STATUS_WORDS };
+enum ErrorCode : int { ERR_NONE = 0, ERR_WATCHDOG = 1, ERR_BAD_TOKEN = 2, ERR_CONTEXT = 3 };
+
+// ---- PTX wrappers ---------------------------------------------------------------------------
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      : "memory");
+}
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+// Named barrier 1 spans the compute warps only, so the loader never takes part.
+__device__ __forceinline__ void compute_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(COMPUTE_WARPS * 32) : "memory");
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// ---- shared memory ------------------------------------------------------------------------
+struct Shared {
+  uint8_t* ring;         // RING_PAGES x PAGE_BYTES weight pages
+  float* vec;            // MAX_K fp32: the input vector of a task (attention: q/k/v heads)
+  float* red;            // reduction scratch, MISC_FLOATS
+  uint64_t* full;        // RING_PAGES: page holds weights
+  uint64_t* empty;       // RING_PAGES: compute is done with the page
+  volatile int* flags;   // [0] quit, [1] pages consumed, [2] broadcast
+};
+constexpr int MISC_FLOATS = 1024;
+
+__device__ __forceinline__ Shared carve(uint8_t* base) {
+  Shared s;
+  s.ring = base;
+  s.vec = reinterpret_cast<float*>(base + RING_PAGES * PAGE_BYTES);
+  s.red = s.vec + MAX_K;
+  s.full = reinterpret_cast<uint64_t*>(s.red + MISC_FLOATS);
+  s.empty = s.full + RING_PAGES;
+  s.flags = reinterpret_cast<volatile int*>(s.empty + RING_PAGES);
+  return s;
+}
+
+__device__ __forceinline__ const int* task_row(const Params& p, int id) { return p.tasks + id * TASK_FIELDS; }
+__device__ __forceinline__ bool has_weights(const int* t) {
+  return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
+}
+__device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
+
+// ---- the loader warp ------------------------------------------------------------------------
+// Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
+// the same order compute consumes them. Stops when compute raises `quit`, then waits for the
+// copies still in flight so that none lands after the CTA is gone.
+__device__ void run_loader(const Params& p, Shared& s) {
+  if ((threadIdx.x & 31) != 0) return;
+  const int begin = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1];
+  uint32_t issued = 0;
+  for (long long step = 0; step < p.n_steps; ++step) {
+    for (int i = begin; i < end; ++i) {
+      const int* t = task_row(p, p.stream_tasks[i]);
+      if (!has_weights(t)) continue;
+      const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+      const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
+                                        static_cast<uint32_t>(t[F_W_LO])) * 16;
+      for (int r = 0; r < rows; r += rpp) {
+        const int slot = issued % RING_PAGES;
+        const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
+        while (!mbar_try_wait(&s.empty[slot], parity))
+          if (s.flags[0]) goto drain;
+        const uint32_t bytes = min(rpp, rows - r) * rb;
+        mbar_expect_tx(&s.full[slot], bytes);
+        bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
+        ++issued;
+      }
+    }
+  }
+drain:
+  while (!s.flags[0]) __nanosleep(256);
+  for (uint32_t c = s.flags[1]; c < issued; ++c)
+    while (!mbar_try_wait(&s.full[c % RING_PAGES], (c / RING_PAGES) & 1)) {
+    }
+}
+
+// ---- compute: dependencies -----------------------------------------------------------------
+// Thread 0 of compute acquires; the barrier then publishes what it saw to the other warps.
+__device__ bool wait_counter(const Params& p, int counter, unsigned target, int task) {
+  bool ok = true;
+  if (threadIdx.x == 32) {
+    const unsigned long long start = now_ns();
+    unsigned spins = 0;
+    while (ld_acquire(&p.counters[counter]) < target) {
+      if ((++spins & 1023) == 0) {
+        if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) { ok = false; break; }
+        if (now_ns() - start > static_cast<unsigned long long>(p.watchdog_ns)) {
+          if (atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_WATCHDOG) == ERR_NONE) {
+            p.status[ST_ERROR_SM] = blockIdx.x;
+            p.status[ST_ERROR_TASK] = task;
+            p.status[ST_ERROR_COUNTER] = counter;
+          }
+          ok = false;
+          break;
+        }
+      }
+    }
+  }
+  return ok;
+}
+
+__device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long step, int task) {
+  bool ok = true;
+  for (int w = 0; w < 2; ++w) {
+    const int c = t[F_WAIT0 + 2 * w];
+    if (c < 0) continue;
+    const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
+    const long long want = static_cast<long long>(n) * (step + 1 - lag);
+    if (want > 0) ok = wait_counter(p, c, static_cast<unsigned>(want), task) && ok;
+  }
+  if (threadIdx.x == 32) s.flags[2] = ok;
+  compute_sync();
+  return s.flags[2];
+}
+
+__device__ void signal_done(const Params& p, const int* t) {
+  compute_sync();
+  if (threadIdx.x == 32) {
+    __threadfence();
+    red_release(&p.counters[t[F_SIGNAL]], 1);
+  }
+}
+
+// ---- compute: matrix-vector tasks ----------------------------------------------------------
+// Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
+// weight pages: warp w takes rows w, w + COMPUTE_WARPS, ... of each page, lanes split a row in
+// 16-byte pieces, fp32 accumulation.
+__device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
+  const int k = t[F_K];
+  const float* x = p.act + t[F_IN];
+  float ss = 0.f;
+  for (int i = ct; i < k; i += COMPUTE_WARPS * 32) {
+    const float v = __ldcg(x + i);
+    s.vec[i] = v;
+    ss += v * v;
+  }
+  if (t[F_OPCODE] != OP_NORM_MATVEC) {
+    compute_sync();
+    return;
+  }
+  ss = warp_sum(ss);
+  if ((ct & 31) == 0) s.red[ct >> 5] = ss;
+  compute_sync();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
+  const float rstd = rsqrtf(total / k + __int_as_float(t[F_EPS]));
+  const float* gamma = p.act + t[F_AUX];
+  for (int i = ct; i < k; i += COMPUTE_WARPS * 32) s.vec[i] *= rstd * __ldcg(gamma + i);
+  compute_sync();
+}
+
+__device__ __forceinline__ float dot_row(const uint4* w, const float* x, int k, int lane) {
+  float acc = 0.f;
+  for (int i = lane; i < k / 8; i += 32) {
+    const uint4 q = w[i];
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
+    const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
+    const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+    const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+    const float2 w2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.z));
+    const float2 w3 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.w));
+    acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc);
+    acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
+    acc = fmaf(w2.x, b.x, acc); acc = fmaf(w2.y, b.y, acc);
+    acc = fmaf(w3.x, b.z, acc); acc = fmaf(w3.y, b.w, acc);
+  }
+  return warp_sum(acc);
+}
+
+__device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+  stage_vector(p, s, t, ct);
+  const int warp = ct >> 5, lane = ct & 31;
+  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+  const int k = t[F_K], epi = t[F_EPILOGUE];
+  float* out = p.act + t[F_OUT];
+  float best = -INFINITY;
+  int best_row = 0x7fffffff;
+  for (int r = 0; r < rows; r += rpp) {
+    const int slot = consumed % RING_PAGES;
+    while (!mbar_try_wait(&s.full[slot], (consumed / RING_PAGES) & 1)) {
+    }
+    const uint8_t* page = s.ring + slot * PAGE_BYTES;
+    const int n = min(rpp, rows - r);
+    for (int rr = warp; rr < n; rr += COMPUTE_WARPS) {
+      const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
+      const int row = row0 + r + rr;
+      float y = dot_row(w, s.vec, k, lane);
+      if (epi == EPI_SILU_MUL) {
+        const float up = dot_row(w + k / 8, s.vec, k, lane);
+        y = y / (1.f + __expf(-y)) * up;
+      }
+      if (t[F_OPCODE] == OP_MATVEC_ADD) y += __ldcg(p.act + t[F_AUX] + row);
+      if (lane == 0) {
+        __stcg(out + row, y);
+        if (epi == EPI_ARGMAX && (y > best || (y == best && row < best_row))) {
+          best = y;
+          best_row = row;
+        }
+      }
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&s.empty[slot]);
+    ++consumed;
+  }
+  if (epi == EPI_ARGMAX) {  // this task's (max, row) for the argmax op
+    if (lane == 0) {
+      s.red[2 * warp] = best;
+      s.red[2 * warp + 1] = __int_as_float(best_row);
+    }
+    compute_sync();
+    if (ct == 0) {
+      for (int w = 1; w < COMPUTE_WARPS; ++w) {
+        const float v = s.red[2 * w];
+        const int i = __float_as_int(s.red[2 * w + 1]);
+        if (v > best || (v == best && i < best_row)) {
+          best = v;
+          best_row = i;
+        }
+      }
+      __stcg(p.act + t[F_AUX2], best);
+      __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
+    }
+  }
+}
+
+// ---- compute: attention of one KV group --------------------------------------------------
+// Prologue: stage the group's query heads and its key/value head, qk-norm (if the model has it)
+// and RoPE, append key and value to the cache. Then each warp runs an online softmax over a
+// strided share of the context for all GROUP query heads at once (each key read once), and
+// the warps' partial results are merged in shared memory.
+constexpr int DPL = HEAD_DIM / 32;  // head dims per lane
+
+__device__ void norm_and_rope(const Params& p, float* v, const float* gamma, long long pos, int lane) {
+  if (QK_NORM) {
+    float ss = 0.f;
+    for (int d = lane; d < HEAD_DIM; d += 32) ss += v[d] * v[d];
+    const float rstd = rsqrtf(warp_sum(ss) / HEAD_DIM + QK_NORM_EPS);
+    __syncwarp();
+    for (int d = lane; d < HEAD_DIM; d += 32) v[d] *= rstd * __ldcg(gamma + d);
+    __syncwarp();
+  }
+  const float* cs = p.act + p.rope_offset + pos * HEAD_DIM;  // [HEAD_DIM/2 cos | HEAD_DIM/2 sin]
+  for (int i = lane; i < HEAD_DIM / 2; i += 32) {
+    const int ia = ROPE_INTERLEAVED ? 2 * i : i, ib = ROPE_INTERLEAVED ? 2 * i + 1 : i + HEAD_DIM / 2;
+    const float c = __ldcg(cs + i), sn = __ldcg(cs + HEAD_DIM / 2 + i);
+    const float a = v[ia], b = v[ib];
+    v[ia] = a * c - b * sn;
+    v[ib] = b * c + a * sn;
+  }
+  __syncwarp();
+}
+
+__device__ void run_attention(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, g = t[F_ROW0];
+  const float* qkv = p.act + t[F_IN];
+  float* q = s.vec;                       // [GROUP][HEAD_DIM]
+  float* kv = s.vec + GROUP * HEAD_DIM;   // [2][HEAD_DIM]
+  for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) q[i] = __ldcg(qkv + g * GROUP * HEAD_DIM + i);
+  for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
+    kv[i] = __ldcg(qkv + (N_HEADS + g) * HEAD_DIM + i);
+    kv[HEAD_DIM + i] = __ldcg(qkv + (N_HEADS + N_KV_HEADS + g) * HEAD_DIM + i);
+  }
+  compute_sync();
+  for (int v = warp; v <= GROUP; v += COMPUTE_WARPS) {  // vectors 0..GROUP-1: queries; GROUP: key
+    const bool is_key = v == GROUP;
+    norm_and_rope(p, is_key ? kv : q + v * HEAD_DIM, p.act + (is_key ? t[F_AUX2] : t[F_AUX]), pos, lane);
+  }
+  compute_sync();
+  __nv_bfloat16* kc = p.kv + t[F_KCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
+  __nv_bfloat16* vc = p.kv + t[F_VCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
+  for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
+    kc[pos * HEAD_DIM + i] = __float2bfloat16(kv[i]);
+    vc[pos * HEAD_DIM + i] = __float2bfloat16(kv[HEAD_DIM + i]);
+  }
+  __threadfence_block();
+  compute_sync();
+
+  const float scale = __int_as_float(t[F_SCALE]);
+  float qr[GROUP][DPL], acc[GROUP][DPL], m[GROUP], l[GROUP];
+#pragma unroll
+  for (int h = 0; h < GROUP; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.f;
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) {
+      qr[h][j] = q[h * HEAD_DIM + lane * DPL + j] * scale;
+      acc[h][j] = 0.f;
+    }
+  }
+  for (long long key = warp; key <= pos; key += COMPUTE_WARPS) {
+    float kr[DPL], vr[DPL];
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) {
+      kr[j] = __bfloat162float(kc[key * HEAD_DIM + lane * DPL + j]);
+      vr[j] = __bfloat162float(vc[key * HEAD_DIM + lane * DPL + j]);
+    }
+#pragma unroll
+    for (int h = 0; h < GROUP; ++h) {
+      float sc = 0.f;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) sc = fmaf(qr[h][j], kr[j], sc);
+      sc = warp_sum(sc);
+      const float mn = fmaxf(m[h], sc), corr = __expf(m[h] - mn), e = __expf(sc - mn);
+      l[h] = l[h] * corr + e;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) acc[h][j] = acc[h][j] * corr + e * vr[j];
+      m[h] = mn;
+    }
+  }
+  // Merge the warps: global max per head, then rescaled sums accumulated in shared memory.
+  float* wm = s.red;                        // [COMPUTE_WARPS][GROUP]
+  float* out = kv + 2 * HEAD_DIM;           // [GROUP][HEAD_DIM + 1]: sums, then l
+  if (lane == 0)
+    for (int h = 0; h < GROUP; ++h) wm[warp * GROUP + h] = m[h];
+  for (int i = ct; i < GROUP * (HEAD_DIM + 1); i += COMPUTE_WARPS * 32) out[i] = 0.f;
+  compute_sync();
+#pragma unroll
+  for (int h = 0; h < GROUP; ++h) {
+    float mx = -INFINITY;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + h]);
+    const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - mx);
+#pragma unroll
+    for (int j = 0; j < DPL; ++j) atomicAdd(&out[h * (HEAD_DIM + 1) + lane * DPL + j], acc[h][j] * f);
+    if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 1) + HEAD_DIM], l[h] * f);
+  }
+  compute_sync();
+  float* o = p.act + t[F_OUT] + g * GROUP * HEAD_DIM;
+  for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) {
+    const int h = i / HEAD_DIM, d = i % HEAD_DIM;
+    __stcg(o + i, out[h * (HEAD_DIM + 1) + d] / out[h * (HEAD_DIM + 1) + HEAD_DIM]);
+  }
+}
+
+// ---- compute: embedding and sampling -------------------------------------------------------
+__device__ bool run_embed(const Params& p, const int* t, long long step, int ct) {
+  const long long token = step == 0 ? p.first_token : __ldcg(p.tokens + step - 1);
+  if (token < 0 || token >= VOCAB) {
+    if (ct == 0) atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_BAD_TOKEN);
+    return false;
+  }
+  const __nv_bfloat16* row = p.embed + token * HIDDEN;
+  for (int i = ct; i < HIDDEN; i += COMPUTE_WARPS * 32) __stcg(p.act + t[F_OUT] + i, __bfloat162float(row[i]));
+  return true;
+}
+
+// Greedy sampling: reduce the lm_head tasks' (max, row) pairs, publish the token to the device
+// and to the host-mapped ring, and decide whether the run goes on.
+__device__ void run_argmax(const Params& p, const int* t, long long step, int ct) {
+  if (ct != 0) return;
+  const float* part = p.act + t[F_IN];
+  float best = -INFINITY;
+  int tok = 0x7fffffff;
+  for (int i = 0; i < t[F_COUNT]; ++i) {
+    const float v = __ldcg(part + 2 * i);
+    const int r = __float_as_int(__ldcg(part + 2 * i + 1));
+    if (v > best || (v == best && r < tok)) {
+      best = v;
+      tok = r;
+    }
+  }
+  p.tokens[step] = tok;
+  volatile int* ring = p.host_tokens;
+  ring[step] = tok;
+  __threadfence_system();
+  *reinterpret_cast<volatile int*>(p.host_count) = static_cast<int>(step + 1);
+  const bool stop = tok == p.eos_token || *reinterpret_cast<volatile int*>(p.host_stop) != 0 ||
+                    step + 1 == p.n_steps;
+  if (stop) p.status[ST_STOP] = static_cast<int>(step + 1);
+}
+
+// ---- compute warps: the instruction stream, once per decode step ---------------------------
+__device__ void run_compute(const Params& p, Shared& s) {
+  const int ct = threadIdx.x - 32;
+  const int begin = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1];
+  uint32_t consumed = 0;
+  bool ok = true;
+  for (long long step = 0; step < p.n_steps && ok; ++step) {
+    const long long pos = p.start_pos + step;
+    if (step > 0) {  // every CTA learns from the previous token's sampler whether to go on
+      ok = wait_counter(p, static_cast<int>(p.sampler_counter), static_cast<unsigned>(step), -1);
+      if (ct == 0) s.flags[2] = ok && *reinterpret_cast<volatile int*>(&p.status[ST_STOP]) == 0;
+      compute_sync();
+      ok = s.flags[2];
+      if (!ok) break;
+    }
+    for (int i = begin; i < end && ok; ++i) {
+      const int id = p.stream_tasks[i];
+      const int* t = task_row(p, id);
+      ok = wait_deps(p, s, t, step, id);
+      if (!ok) break;
+      switch (t[F_OPCODE]) {
+        case OP_EMBED: ok = run_embed(p, t, step, ct); break;
+        case OP_NORM_MATVEC:
+        case OP_MATVEC_ADD: run_matvec(p, s, t, consumed, ct); break;
+        case OP_ATTENTION: run_attention(p, s, t, pos, ct); break;
+        case OP_ARGMAX: run_argmax(p, t, step, ct); break;
+      }
+      signal_done(p, t);
+    }
+  }
+  compute_sync();
+  if (ct == 0) {
+    s.flags[1] = consumed;
+    __threadfence_block();
+    s.flags[0] = 1;  // quit: the loader drains and leaves
+  }
+}
+
+}  // namespace tilertc
+
+extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
+    tilertc_decode(const tilertc::Params* __restrict__ params) {
+  using namespace tilertc;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const Params p = *params;
+  Shared s = carve(smem);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < RING_PAGES; ++i) {
+      mbar_init(&s.full[i], 1);
+      mbar_init(&s.empty[i], COMPUTE_WARPS);
+    }
+    s.flags[0] = 0;
+    s.flags[1] = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 32)
+    run_loader(p, s);
+  else
+    run_compute(p, s);
+}

@@ -1,0 +1,126 @@
+"""`tilertc.compile`: spec -> scheduled program -> CUDA source -> cubin -> artifact directory.
+
+The artifact is everything the runtime needs and nothing it must recompute: the source (for
+reading), one cubin, the task table, and a manifest whose `hash` keys the build (spec,
+compiler version, options, decisions). docs/artifact.md describes the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tilertc.backends.cuda import codegen, encode
+from tilertc.ir.graph import TensorKind
+from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import Program
+
+ARTIFACT_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything besides the spec that changes the artifact; its hash keys the build."""
+
+    target: str = "h200"
+    backend: str = "cuda"
+    tp: int = 1
+    max_seq_len: int = 4096
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:
+    out = {}
+    for name, b in program.buffers.items():
+        t = program.graph.tensors.get(name)
+        out[name] = {"arena": b.arena, "offset": b.offset, "numel": b.numel, "dtype": b.dtype,
+                     "kind": t.kind.value if t else "scratch",
+                     "hf_name": t.hf_name if t is not None and t.kind is TensorKind.WEIGHT else None}
+    return out
+
+
+def _weight_layout(program: Program) -> list[dict[str, Any]]:
+    g = program.graph
+    return [{"offset": t.weight_offset, "bytes": t.weight_bytes,
+             "interleave": bool(g.op(t.op).attrs.get("interleave")),
+             "segments": [[g.tensors[s.tensor].hf_name, s.row0, s.row1] for s in t.segments]}
+            for t in program.tasks if t.weight_bytes]
+
+
+def manifest(program: Program, options: CompileOptions, consts: dict[str, object],
+             ptxas: dict[str, int], cubin_sha: str) -> dict[str, Any]:
+    from tilertc import __version__
+
+    spec = program.spec
+    attn = next(op for op in program.graph.ops() if op.opcode == "attention")
+    kv = {}
+    for op in program.graph.ops():
+        if op.opcode == "attention":
+            kv[str(op.layer)] = {"k": op.inputs[-2], "v": op.inputs[-1]}
+    key = json.dumps({"spec": spec.content_hash(), "compiler": __version__, "options": options.hash(),
+                      "decisions": program.decisions, "cubin": cubin_sha}, sort_keys=True)
+    return {
+        "format": ARTIFACT_FORMAT,
+        "compiler_version": __version__,
+        "hash": hashlib.sha256(key.encode()).hexdigest()[:24],
+        "options": asdict(options),
+        "target": {"name": program.target.name, "arch": program.target.arch,
+                   "num_sms": program.target.num_sms},
+        "model": {"name": spec.name, "spec_hash": spec.content_hash(), "spec": spec.to_dict()},
+        "kernel": {"name": codegen.KERNEL_NAME, "ctas": program.config["ctas"],
+                   "threads": program.config["threads"], "smem_bytes": codegen.smem_bytes(consts),
+                   "constants": consts, "ptxas": ptxas, "cubin_sha256": cubin_sha},
+        "max_seq_len": program.graph.attrs["max_seq_len"],
+        "arenas": {"act": program.config["act_arena"], "kv": program.config["kv_arena"]},
+        "buffers": _buffer_table(program),
+        "kv_cache": {"layout": "[kv_head][position][head_dim] per layer, bf16",
+                     "n_kv_heads": attn.attrs["n_kv_heads"], "head_dim": attn.attrs["head_dim"],
+                     "layers": kv},
+        "rope": {"attrs": attn.attrs["rope"], "head_dim": attn.attrs["head_dim"],
+                 "buffer": "rope_table", "layout": "[position][cos head_dim/2 | sin head_dim/2]"},
+        "embedding": "model.embed_tokens.weight",
+        "logits": "logits",
+        "counters": [c.name for c in program.counters],
+        "sampler_counter": next(i for i, c in enumerate(program.counters)
+                                if program.graph.op(c.name).opcode == "argmax"),
+        "weights": {"packed_bytes": program.config["packed_weight_bytes"],
+                    "layout": _weight_layout(program)},
+        "task_fields": list(encode.FIELDS),
+        "decisions": program.decisions,
+    }
+
+
+def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None = None,
+            progress: Callable[[str], None] | None = None) -> Path:
+    """Compile `spec` into an artifact directory; returns its path."""
+    options = options or CompileOptions()
+    if options.backend != "cuda":
+        raise ValueError(f"unknown backend {options.backend!r} (available: cuda)")
+    say = progress or (lambda _msg: None)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
+    program = make_program(spec, options.target, options.tp, options.max_seq_len)
+    say("emitting CUDA source")
+    consts = codegen.constants(program)
+    src = out / "kernel.cu"
+    src.write_text(codegen.emit_source(program))
+    tasks, offsets, ids = encode.encode(program)
+    np.savez(out / "schedule.npz", tasks=tasks, stream_offsets=offsets, stream_tasks=ids)
+    say(f"compiling with nvcc for {program.target.arch}")
+    cubin = out / "kernel.cubin"
+    ptxas = codegen.compile_cubin(src, cubin, program.target.arch)
+    sha = hashlib.sha256(cubin.read_bytes()).hexdigest()
+    (out / "manifest.json").write_text(json.dumps(manifest(program, options, consts, ptxas, sha),
+                                                  indent=1, default=list))
+    say(f"wrote {out}")
+    return out

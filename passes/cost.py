@@ -1,0 +1,38 @@
+"""The cost model: predicted time of a task, an op and a decode step.
+
+A task streams its weights at the SM's share of HBM bandwidth and reads its other global data
+(KV cache) at the same rate; every op boundary costs a dependency wait plus the activation
+hand-off (`BOUNDARY_NS`, measured ~3 us per all-to-all boundary in the feasibility prototype of
+DESIGN.md). An op takes as long as its slowest SM; a step is the sum of its ops, because each
+op waits for all tasks of the op before it. The model is calibrated against `tilertc bench`.
+"""
+
+from __future__ import annotations
+
+from tilertc.passes.program import Program, Task
+
+BOUNDARY_NS = 3000.0
+
+
+def task_ns(program: Program, task: Task) -> float:
+    per_sm = program.target.hbm_bandwidth / program.target.num_sms
+    return (task.weight_bytes + task.other_bytes) / per_sm * 1e9
+
+
+def op_times_ns(program: Program) -> dict[str, float]:
+    """Per fused op: the busiest SM's time on it, plus one boundary."""
+    per: dict[str, dict[int, float]] = {}
+    for t in program.tasks:
+        per.setdefault(t.op, {}).setdefault(t.sm, 0.0)
+        per[t.op][t.sm] += t.est_ns
+    return {op: max(sms.values()) + BOUNDARY_NS for op, sms in per.items()}
+
+
+def step_ns(program: Program) -> float:
+    return sum(op_times_ns(program).values())
+
+
+def roofline_ns(program: Program) -> float:
+    """Time to read the step's bytes once at the target's bandwidth."""
+    nbytes = sum(t.weight_bytes + t.other_bytes for t in program.tasks)
+    return nbytes / program.target.hbm_bandwidth * 1e9

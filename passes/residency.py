@@ -1,0 +1,81 @@
+"""Residency and pipeline depth: where every tensor lives and how deep the weight ring is.
+
+Decides:
+- weights stream from HBM through a ring of shared-memory pages (bulk async copies); the
+  ring gets all shared memory not needed for the activation vector a task reads, as pages of
+  `page_bytes`, and its depth is checked against Little's law (bytes in flight per SM must
+  cover the SM's share of bandwidth times the HBM latency);
+- activations (a few KB per layer), norm weights and the RoPE table are L2-resident global
+  fp32 buffers in one arena, each activation with its own buffer so that no task of a step
+  overwrites what another may still read;
+- the KV cache is a bf16 arena laid out [layer][kv_head][position][head_dim], so that an
+  attention task reads its head's keys contiguously;
+- the input vector of a matrix-vector task is staged in shared memory as fp32.
+"""
+
+from __future__ import annotations
+
+from tilertc.ir.graph import TensorKind
+from tilertc.passes.program import Buffer, Program, ScheduleError
+from tilertc.passes.tiling import row_bytes
+
+ALIGN = 16  # elements; keeps every buffer 64-byte aligned
+MISC_SMEM = 8 * 1024  # mbarriers, reductions, attention partials
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def place(program: Program) -> Program:
+    g, tgt = program.graph, program.target
+    # -- shared memory plan
+    mv_ops = [op for op in g.ops() if op.opcode in ("norm_matvec", "matvec_add")]
+    max_k = max(op.attrs["K"] for op in mv_ops)
+    act_smem = max_k * 4
+    ring = tgt.smem_per_block - act_smem - MISC_SMEM
+    max_row = max(row_bytes(program, op) for op in mv_ops)
+    worst = max(mv_ops, key=lambda op: row_bytes(program, op))
+    if ring < 2 * max_row:
+        raise ScheduleError(f"op {worst.name!r}: one weight row is {max_row} B; two rows do not fit "
+                            f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
+                            f"the {act_smem} B input vector")
+    page = max(max_row, 32 * 1024)
+    page = min(-(-page // 1024) * 1024, ring // 2)
+    pages = ring // page
+    in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
+    program.config.update(page_bytes=page, ring_pages=pages, act_smem_bytes=act_smem,
+                          smem_bytes=pages * page + act_smem + MISC_SMEM)
+    program.decide("residency", f"weight ring: {pages} pages x {page // 1024} KB = "
+                   f"{pages * page // 1024} KB per SM in flight (Little's law needs "
+                   f"{in_flight_needed / 1024:.0f} KB at {tgt.hbm_bandwidth / 1e12:.2f} TB/s, "
+                   f"{tgt.hbm_latency_ns:.0f} ns)")
+    program.decide("residency", f"input vector in shared memory: {max_k} fp32 ({act_smem // 1024} KB)")
+    # -- global buffers
+    act_off = kv_off = 0
+    for t in g.tensors.values():
+        if t.kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT) and t.dtype != "int64":
+            program.buffers[t.name] = Buffer(t.name, act_off, t.numel, "fp32", "act")
+            act_off += _align(t.numel)
+        elif t.kind is TensorKind.WEIGHT and len(t.shape) == 1:
+            program.buffers[t.name] = Buffer(t.name, act_off, t.numel, "fp32", "act")
+            act_off += _align(t.numel)
+        elif t.kind is TensorKind.KV_CACHE:
+            program.buffers[t.name] = Buffer(t.name, kv_off, t.numel, "bf16", "kv")
+            kv_off += _align(t.numel)
+    for op in g.ops():
+        if op.opcode == "attention":
+            a = op.attrs
+            seq = g.attrs["max_seq_len"]
+            program.buffers["rope_table"] = Buffer("rope_table", act_off, seq * a["head_dim"], "fp32", "act")
+            act_off += _align(seq * a["head_dim"])
+            break
+    lm = [op for op in g.ops() if op.attrs.get("epilogue") == "argmax"]
+    if lm:
+        n = lm[0].attrs["tile"]["tasks"]
+        program.buffers["argmax_partials"] = Buffer("argmax_partials", act_off, 2 * n, "fp32", "act")
+        act_off += _align(2 * n)
+    program.config.update(act_arena=act_off, kv_arena=kv_off)
+    program.decide("residency", f"activations, norm weights, RoPE table: L2-resident fp32 arena of "
+                   f"{act_off * 4 / 1024:.0f} KB; KV cache: bf16 arena of {kv_off * 2 / 2**20:.1f} MB")
+    return program

@@ -1,0 +1,32 @@
+"""Role specialization: what each warp of a CTA does, and what each CTA does.
+
+Decides the warp roles: one loader warp walks its SM's instruction stream ahead of compute and
+keeps the weight ring full (one elected lane issues the bulk copies); the compute warps do the
+math and, at the end of each task, one thread publishes the task's counter (store-signal).
+Compute gets enough warps that its arithmetic rate sits well above the SM's share of HBM
+bandwidth, so that it catches up after every dependency stall (DESIGN.md: 8 warps could not,
+16-24 could); the cap comes from the register file.
+All CTAs have the same role (one per SM); with tensor parallelism each rank runs the same
+program on its shard.
+"""
+
+from __future__ import annotations
+
+from tilertc.passes.program import Program, ScheduleError
+
+COMPUTE_WARPS = 16
+REGS_PER_THREAD = 96
+
+
+def assign_roles(program: Program) -> Program:
+    threads = (COMPUTE_WARPS + 1) * 32
+    if threads * REGS_PER_THREAD > program.target.regs_per_sm:
+        raise ScheduleError(f"{COMPUTE_WARPS} compute warps at {REGS_PER_THREAD} registers exceed "
+                            f"the register file of {program.target.name}")
+    if program.tp != 1:
+        raise ScheduleError(f"--tp {program.tp}: tensor parallelism is not implemented in this "
+                            "backend yet (only --tp 1)")
+    program.config.update(compute_warps=COMPUTE_WARPS, threads=threads, ctas=program.target.num_sms)
+    program.decide("roles", f"per CTA: 1 loader warp + {COMPUTE_WARPS} compute warps "
+                   f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM")
+    return program
