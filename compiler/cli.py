@@ -4,6 +4,7 @@ import json
 
 import click
 from rich.console import Console
+
 from tilertc.ir.target import TARGETS, get_target
 from tilertc.model_specs import SpecError, load_spec
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import Graph, Op, Tensor, TensorKind
 from tilertc.ir.target import Target
