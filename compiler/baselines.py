@@ -1,0 +1,284 @@
+"""The conventional decode baselines that `tilertc bench` sets beside the persistent kernel.
+
+A speed claim is only as good as what it is compared with, on the same GPU in the same run:
+- `hf_eager`: Hugging Face transformers, eager, with a static KV cache, one Python-driven step
+  per token (what most people run);
+- `hf_cuda_graph`: the same step captured once in a CUDA graph and replayed per token, which
+  removes the host's launch cost but keeps one kernel per op;
+- `kernel_per_op`: a hand-written step with fused QKV and gate/up weights and cuBLAS GEMVs,
+  captured in CUDA graphs on a GPU (`tilertc.kernel_per_op`), the stand-in for serving engines;
+- `bandwidth_ceiling`: how fast this GPU reads a large bf16 matrix through torch, expressed as
+  the time a token would take if it only had to read its weights at that rate.
+
+Each decode baseline prefills a prompt (not timed), then decodes greedily; a token's time runs
+from the start of its step to the moment its id is on the host, as a streaming server needs it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from tilertc.ir.build import build_graph
+from tilertc.kernel_per_op import KernelPerOpModel
+from tilertc.model_specs.spec import ModelSpec
+
+
+class BaselineUnavailable(RuntimeError):
+    """This baseline cannot run here (no CUDA device, transformers not installed, a family the
+    baseline does not implement); the benchmark reports it as skipped, with this message."""
+
+
+@dataclass(frozen=True)
+class BaselineResult:
+    name: str
+    ms_per_token_median: float
+    ms_per_token_p90: float
+    tokens_per_s: float  # from the median
+    bytes_per_token: int | None = None  # weight bytes one step reads, where known
+    tokens: tuple[int, ...] = field(default=(), repr=False)  # greedy ids, to cross-check runs
+
+    @classmethod
+    def from_seconds(cls, name: str, seconds: Sequence[float], bytes_per_token: int | None = None,
+                     tokens: Sequence[int] = ()) -> BaselineResult:
+        ms = 1e3 * np.asarray(seconds, dtype=np.float64)
+        median = float(np.median(ms))
+        return cls(name, median, float(np.percentile(ms, 90)), 1e3 / median, bytes_per_token,
+                   tuple(tokens))
+
+    @property
+    def bytes_per_s(self) -> float | None:
+        """The read rate the median token achieves, for comparison with the ceiling."""
+        if self.bytes_per_token is None:
+            return None
+        return self.bytes_per_token / (self.ms_per_token_median / 1e3)
+
+
+class StepModel(Protocol):
+    """A model that decodes one token per `step` over preallocated state.
+
+    `step` reads its inputs from the tensors it is given and writes nothing but its cache and its
+    output, so that a CUDA graph can capture it over fixed input buffers. `ctx_len` is how many
+    cache rows attention reads (at least `pos + 1`); `graph_ctx_len` says which `ctx_len` a graph
+    that serves a context of a given length is captured with.
+    """
+
+    device: torch.device
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def step(self, token: torch.Tensor, pos: torch.Tensor, ctx_len: int) -> torch.Tensor: ...
+
+    def warmup(self, token: torch.Tensor, pos: torch.Tensor, ctx_len: int) -> None: ...
+
+    def graph_ctx_len(self, ctx_len: int) -> int: ...
+
+
+Stepper = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+@dataclass
+class GreedyDecode:
+    tokens: list[int]  # the token chosen after the prompt, then one per step
+    logits: list[torch.Tensor]  # per step (float32, CPU), when kept
+    seconds: list[float]  # per step
+
+
+def greedy_decode(model: StepModel, prompt: Sequence[int], n_steps: int,
+                  stepper: Stepper | None = None, keep_logits: bool = False) -> GreedyDecode:
+    """Prefill `prompt`, then run `n_steps` greedy steps through `stepper` (default: eager)."""
+    device = model.device
+    prefill_logits = model.prefill(torch.tensor(list(prompt), device=device))
+    step = stepper or model.step
+    token = prefill_logits.argmax(-1, keepdim=True)
+    pos = torch.tensor([len(prompt)], device=device)
+    out = GreedyDecode([int(token.item())], [], [])
+    for i in range(n_steps):
+        start = time.perf_counter()
+        logits = step(token, pos, len(prompt) + i + 1)
+        token = logits.argmax(-1, keepdim=True)
+        out.tokens.append(int(token.item()))  # waits for the step: the id is on the host now
+        pos += 1
+        out.seconds.append(time.perf_counter() - start)
+        if keep_logits:
+            out.logits.append(logits.float().cpu())
+    return out
+
+
+class CUDAGraphStepper:
+    """A `StepModel.step` captured in CUDA graphs, one per attention length it needs.
+
+    The graphs read the token and position from buffers this object owns and share one memory
+    pool; all are captured up front, so that no capture falls inside a timed step.
+    """
+
+    def __init__(self, model: StepModel, ctx_lens: Iterable[int]) -> None:
+        ctx_lens = list(ctx_lens)
+        self.model = model
+        self.token = torch.zeros(1, dtype=torch.long, device=model.device)
+        # Warm-up steps before capture write the cache row of the first position to decode,
+        # which that position's real step overwrites.
+        self.pos = torch.tensor([min(ctx_lens) - 1], device=model.device)
+        self.pool = None
+        self.graphs = {n: self._capture(n) for n in sorted({model.graph_ctx_len(c)
+                                                             for c in ctx_lens})}
+
+    def _capture(self, ctx_len: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.model.warmup(self.token, self.pos, ctx_len)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = self.model.step(self.token, self.pos, ctx_len)
+        self.pool = graph.pool()
+        return graph, out
+
+    def __call__(self, token: torch.Tensor, pos: torch.Tensor, ctx_len: int) -> torch.Tensor:
+        self.token.copy_(token)
+        self.pos.copy_(pos)
+        graph, out = self.graphs[self.model.graph_ctx_len(ctx_len)]
+        graph.replay()
+        return out
+
+
+class HFStepModel:
+    """A Hugging Face transformers model of the spec's architecture with a static KV cache."""
+
+    def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> None:
+        try:
+            from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+        except ImportError as e:
+            raise BaselineUnavailable("the Hugging Face baselines need transformers "
+                                      "(pip install 'tilertc[hf]')") from e
+        cfg = dict(spec.hf_config)
+        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        self.device, self.max_seq_len = torch.device(device), max_seq_len
+        with self.device:
+            self.model = AutoModelForCausalLM.from_config(config, dtype=dtype,
+                                                          attn_implementation="sdpa")
+        if spec.tie_word_embeddings:
+            weights = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
+        self.model.load_state_dict(weights, strict=True)
+        self.model.eval()
+        self.config, self.static_cache_type = config, StaticCache
+        self.cache = self.new_cache()
+
+    def new_cache(self) -> object:
+        return self.static_cache_type(config=self.config, max_cache_len=self.max_seq_len)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: object) -> torch.Tensor:
+        out = self.model(input_ids=ids[None], position_ids=positions[None], past_key_values=cache,
+                         use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1]
+
+    def prefill(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._forward(ids, torch.arange(ids.numel(), device=self.device), self.cache)
+
+    def step(self, token: torch.Tensor, pos: torch.Tensor, ctx_len: int) -> torch.Tensor:
+        """`ctx_len` is not used: transformers' static cache attends over all of its rows."""
+        return self._forward(token, pos, self.cache)
+
+    def warmup(self, token: torch.Tensor, pos: torch.Tensor, ctx_len: int) -> None:
+        """Run the step on a throwaway cache: the static cache counts the rows written to it, so
+        a warm-up step on the real one would shift every later position."""
+        self._forward(token, pos, self.new_cache())
+
+    def graph_ctx_len(self, ctx_len: int) -> int:
+        return self.max_seq_len
+
+
+def require_cuda(device: str | torch.device) -> None:
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise BaselineUnavailable(f"needs a CUDA device (asked for {device!r}, "
+                                  f"CUDA available: {torch.cuda.is_available()})")
+
+
+def weight_bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Weight bytes one decode step reads, counted as the IR counts them (each weight once)."""
+    graph = build_graph(spec, max_seq_len=1)
+    return sum(t.numel for t in graph.weights()) * dtype.itemsize
+
+
+def run_decode_baseline(name: str, model: StepModel, prompt: Sequence[int], n_tokens: int,
+                        warmup: int, graphed: bool, bytes_per_token: int | None) -> BaselineResult:
+    """Decode `warmup + n_tokens` steps and time the last `n_tokens`."""
+    with torch.no_grad():
+        stepper = None
+        if graphed:
+            first = len(prompt) + 1
+            stepper = CUDAGraphStepper(model, range(first, first + warmup + n_tokens))
+        run = greedy_decode(model, prompt, warmup + n_tokens, stepper)
+    return BaselineResult.from_seconds(name, run.seconds[warmup:], bytes_per_token, run.tokens)
+
+
+def hf_eager(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Sequence[int],
+             n_tokens: int, device: str | torch.device = "cuda",
+             dtype: torch.dtype = torch.bfloat16, warmup: int = 3) -> BaselineResult:
+    """Hugging Face transformers, eager, static KV cache."""
+    model = HFStepModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device, dtype)
+    return run_decode_baseline("hf-eager", model, prompt, n_tokens, warmup, False,
+                               weight_bytes_per_token(spec, dtype))
+
+
+def hf_cuda_graph(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Sequence[int],
+                  n_tokens: int, device: str | torch.device = "cuda",
+                  dtype: torch.dtype = torch.bfloat16, warmup: int = 3) -> BaselineResult:
+    """Hugging Face transformers' decode step captured in one CUDA graph (needs CUDA)."""
+    require_cuda(device)
+    model = HFStepModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device, dtype)
+    return run_decode_baseline("hf-cuda-graph", model, prompt, n_tokens, warmup, True,
+                               weight_bytes_per_token(spec, dtype))
+
+
+def kernel_per_op(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Sequence[int],
+                  n_tokens: int, device: str | torch.device = "cuda",
+                  dtype: torch.dtype = torch.bfloat16, warmup: int = 3) -> BaselineResult:
+    """The hand-written kernel-per-op step; captured in CUDA graphs on a CUDA device."""
+    try:
+        model = KernelPerOpModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device,
+                                 dtype)
+    except ValueError as e:
+        raise BaselineUnavailable(str(e)) from e
+    graphed = model.device.type == "cuda"
+    name = "kernel-per-op-cuda-graph" if graphed else "kernel-per-op-eager"
+    return run_decode_baseline(name, model, prompt, n_tokens, warmup, graphed,
+                               weight_bytes_per_token(spec, dtype))
+
+
+def bandwidth_ceiling(bytes_per_token: int, device: str | torch.device = "cuda",
+                      matrix_bytes: int = 1 << 30, reads_per_sample: int = 10,
+                      samples: int = 20) -> BaselineResult:
+    """Time bf16 matrix-vector products over a `matrix_bytes` matrix (far larger than L2) and
+    report the time `bytes_per_token` bytes take at each sample's read rate."""
+    device = torch.device(device)
+    cols = 4096
+    rows = max(1, matrix_bytes // (cols * 2))
+    matrix = torch.randn(rows, cols, device=device).to(torch.bfloat16)
+    vector = torch.randn(1, cols, device=device).to(torch.bfloat16)
+    nbytes = matrix.numel() * matrix.element_size()
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    seconds = []
+    with torch.no_grad():
+        torch.nn.functional.linear(vector, matrix)
+        for _ in range(samples):
+            sync()
+            start = time.perf_counter()
+            for _ in range(reads_per_sample):
+                torch.nn.functional.linear(vector, matrix)
+            sync()
+            per_read = (time.perf_counter() - start) / reads_per_sample
+            seconds.append(bytes_per_token * per_read / nbytes)
+    return BaselineResult.from_seconds(f"bandwidth-ceiling ({nbytes / 2**20:.0f} MiB bf16 GEMV)",
+                                       seconds, bytes_per_token)

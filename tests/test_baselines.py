@@ -1,0 +1,143 @@
+"""The benchmark's baselines decode what the reference interpreter decodes.
+
+On the CPU, in float32, the Hugging Face step and the kernel-per-op step must pick the same
+greedy tokens as `tilertc.Reference` and agree with its logits; the CUDA-graph paths are
+checked against their eager selves on a GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from tilertc import Reference, build_graph, load_spec
+from tilertc.baselines import (
+    BaselineResult,
+    BaselineUnavailable,
+    HFStepModel,
+    bandwidth_ceiling,
+    greedy_decode,
+    hf_cuda_graph,
+    hf_eager,
+    kernel_per_op,
+    weight_bytes_per_token,
+)
+from tilertc.ir.weights import random_weights
+from tilertc.kernel_per_op import KernelPerOpModel
+
+PROMPT = [1, 5, 9, 3]
+STEPS = 8
+MAX_SEQ = 64
+
+
+def model_and_weights(name: str) -> tuple:
+    spec = load_spec(name)
+    return spec, random_weights(build_graph(spec, MAX_SEQ), seed=0, std=0.1)
+
+
+def reference_decode(spec, weights) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy tokens and per-step logits of the interpreter, the oracle."""
+    ref = Reference(spec, weights, max_seq_len=MAX_SEQ)
+    tokens = [int(ref.prefill(PROMPT)[-1].argmax())]
+    logits = []
+    for _ in range(STEPS):
+        logits.append(ref.decode(tokens[-1]))
+        tokens.append(int(logits[-1].argmax()))
+    return tokens, logits
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+@pytest.mark.parametrize("step_model", [HFStepModel, KernelPerOpModel])
+def test_step_models_match_reference(name: str, step_model: type) -> None:
+    spec, weights = model_and_weights(name)
+    want_tokens, want_logits = reference_decode(spec, weights)
+    model = step_model(spec, weights, MAX_SEQ, "cpu", torch.float32)
+    with torch.no_grad():
+        got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
+    assert got.tokens == want_tokens
+    for got_step, want_step in zip(got.logits, want_logits, strict=True):
+        torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_per_op_attention_length_beyond_position_is_masked() -> None:
+    """A graph captured for a bucket of context lengths reads more cache rows than are written;
+    the rows past the position must not change the result."""
+    spec, weights = model_and_weights("llama-tiny")
+    model = KernelPerOpModel(spec, weights, MAX_SEQ, "cpu", torch.float32, ctx_bucket=16)
+    with torch.no_grad():
+        model.prefill(torch.tensor(PROMPT))
+        for layer in model.layers:  # garbage in the unwritten rows
+            layer.k_cache[:, len(PROMPT) + 1:] = 1e3
+            layer.v_cache[:, len(PROMPT) + 1:] = 1e3
+        token, pos = torch.tensor([7]), torch.tensor([len(PROMPT)])
+        exact = model.step(token, pos, len(PROMPT) + 1)
+        bucketed = model.step(token, pos, model.graph_ctx_len(len(PROMPT) + 1))
+    assert model.graph_ctx_len(len(PROMPT) + 1) == 16
+    torch.testing.assert_close(bucketed, exact)
+
+
+def test_kernel_per_op_rejects_other_families() -> None:
+    spec, weights = model_and_weights("llama-tiny")
+    with pytest.raises(BaselineUnavailable, match="kernel-per-op"):
+        kernel_per_op(dataclasses.replace(spec, model_type="qwen3_moe"), weights, PROMPT, 2,
+                      "cpu")
+
+
+@pytest.mark.parametrize("baseline", [hf_eager, kernel_per_op])
+def test_decode_baselines_report_reference_tokens(baseline) -> None:
+    spec, weights = model_and_weights("qwen3-tiny")
+    want_tokens, _ = reference_decode(spec, weights)
+    result = baseline(spec, weights, PROMPT, n_tokens=STEPS - 2, device="cpu",
+                      dtype=torch.float32, warmup=2)
+    assert list(result.tokens) == want_tokens
+    assert 0 < result.ms_per_token_median <= result.ms_per_token_p90
+    assert result.bytes_per_token == weight_bytes_per_token(spec, torch.float32)
+
+
+def test_result_statistics() -> None:
+    r = BaselineResult.from_seconds("x", [0.002] * 9 + [0.012], bytes_per_token=1000)
+    assert r.ms_per_token_median == pytest.approx(2.0)
+    assert r.ms_per_token_p90 == pytest.approx(3.0)
+    assert r.tokens_per_s == pytest.approx(500.0)
+    assert r.bytes_per_s == pytest.approx(5e5)
+
+
+def test_bandwidth_ceiling_scales_to_the_token() -> None:
+    r = bandwidth_ceiling(bytes_per_token=1 << 20, device="cpu", matrix_bytes=1 << 20,
+                          reads_per_sample=2, samples=3)
+    assert r.bytes_per_token == 1 << 20
+    assert r.bytes_per_s > 0
+    assert r.ms_per_token_median > 0
+
+
+def test_graph_baseline_needs_cuda() -> None:
+    spec, weights = model_and_weights("llama-tiny")
+    with pytest.raises(BaselineUnavailable, match="CUDA"):
+        hf_cuda_graph(spec, weights, PROMPT, 2, device="cpu")
+
+
+@pytest.mark.gpu
+def test_hf_cuda_graph_matches_hf_eager_on_gpu() -> None:
+    spec, weights = model_and_weights("llama-tiny")
+    eager = hf_eager(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
+    graphed = hf_cuda_graph(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
+    assert graphed.tokens == eager.tokens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+def test_kernel_per_op_cuda_graph_matches_reference_on_gpu(name: str) -> None:
+    spec, weights = model_and_weights(name)
+    want_tokens, _ = reference_decode(spec, weights)
+    result = kernel_per_op(spec, weights, PROMPT, STEPS - 2, "cuda", torch.float32, warmup=2)
+    assert result.name == "kernel-per-op-cuda-graph"
+    assert list(result.tokens) == want_tokens
+
+
+@pytest.mark.gpu
+def test_bandwidth_ceiling_on_gpu_is_plausible() -> None:
+    """HBM reads on an H100/H200 run at terabytes per second; far less means a broken timer."""
+    r = bandwidth_ceiling(bytes_per_token=1 << 30, device="cuda")
+    assert 1e12 < r.bytes_per_s < 1e13
