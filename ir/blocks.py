@@ -24,6 +24,29 @@ def act(g: Graph, layer: int, name: str, shape: tuple[int, ...], dtype: str = "f
     return g.tensor(f"layers.{layer}.{name}", shape, dtype, ACT)
 
 
+def projection(g: Graph, layer: int, suffix: str, x: str, out: str, out_features: int,
+               bias: bool = False, op: str | None = None) -> str:
+    """`layers.{layer}.{out}` = x · Wᵀ (+ b), W = `{suffix}` [out_features, in]: one `linear` op
+    named `layers.{layer}.{op or out}`."""
+    ins = [x, weight(g, layer, suffix, (out_features, g.tensors[x].shape[-1]))]
+    if bias:
+        ins.append(weight(g, layer, f"{suffix}.bias", (out_features,), param=None))
+    y = act(g, layer, out, (out_features,))
+    g.add(f"layers.{layer}.{op or out}", "linear", ins, [y], layer=layer)
+    return y
+
+
+def rotate(g: Graph, layer: int, x: str, out: str, n_heads: int, head_dim: int, rope: dict,
+           rotary_offset: int = 0, rotary_dim: int | None = None) -> str:
+    """RoPE on dims [rotary_offset, rotary_offset + rotary_dim) of each of `n_heads` heads of
+    `x` (all of them by default); op and output are named `layers.{layer}.{out}`."""
+    y = act(g, layer, out, (n_heads * head_dim,))
+    g.add(f"layers.{layer}.{out}", "rope", [x, "pos"], [y], layer=layer, n_heads=n_heads,
+          head_dim=head_dim, rotary_offset=rotary_offset,
+          rotary_dim=head_dim - rotary_offset if rotary_dim is None else rotary_dim, rope=rope)
+    return y
+
+
 def attention_block(g: Graph, spec: ModelSpec, layer: int, x: str, seq: int) -> str:
     if spec.mla is not None:
         from tilertc.ir.mla import mla_attention_block
@@ -40,20 +63,21 @@ def ffn_block(g: Graph, spec: ModelSpec, layer: int, x: str) -> str:
     return dense_ffn_block(g, spec, layer, x)
 
 
+def input_norm(g: Graph, spec: ModelSpec, layer: int, x: str) -> str:
+    ln = weight(g, layer, "input_layernorm", (spec.hidden_size,))
+    xn = act(g, layer, "attn_in", (spec.hidden_size,))
+    g.add(f"layers.{layer}.input_norm", "rms_norm", [x, ln], [xn], layer=layer,
+          eps=spec.rms_norm_eps)
+    return xn
+
+
 def gqa_attention_block(g: Graph, spec: ModelSpec, layer: int, x: str, seq: int) -> str:
-    h, nh, nkv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    nh, nkv, hd = spec.num_heads, spec.num_kv_heads, spec.head_dim
     i = layer
-    ln = weight(g, i, "input_layernorm", (h,))
-    xn = act(g, i, "attn_in", (h,))
-    g.add(f"layers.{i}.input_norm", "rms_norm", [x, ln], [xn], layer=i, eps=spec.rms_norm_eps)
-    proj = {}
-    for p, heads in (("q", nh), ("k", nkv), ("v", nkv)):
-        w = weight(g, i, f"self_attn.{p}_proj", (heads * hd, h))
-        ins = [xn, w]
-        if spec.attention_bias:
-            ins.append(weight(g, i, f"self_attn.{p}_proj.bias", (heads * hd,), param=None))
-        proj[p] = act(g, i, f"{p}", (heads * hd,))
-        g.add(f"layers.{i}.{p}_proj", "linear", ins, [proj[p]], layer=i)
+    xn = input_norm(g, spec, i, x)
+    proj = {p: projection(g, i, f"self_attn.{p}_proj", xn, p, heads * hd, spec.attention_bias,
+                          op=f"{p}_proj")
+            for p, heads in (("q", nh), ("k", nkv), ("v", nkv))}
     q, k = proj["q"], proj["k"]
     if spec.qk_norm:
         for p, heads in (("q", nh), ("k", nkv)):
@@ -74,11 +98,15 @@ def gqa_attention_block(g: Graph, spec: ModelSpec, layer: int, x: str, seq: int)
     o = act(g, i, "attn_out", (nh * hd,))
     g.add(f"layers.{i}.attention", "attention", [q, kc, vc, "pos"], [o], layer=i,
           n_heads=nh, n_kv_heads=nkv, head_dim=hd, scale=hd ** -0.5)
-    wo = weight(g, i, "self_attn.o_proj", (h, nh * hd))
-    y = act(g, i, "attn_proj", (h,))
-    g.add(f"layers.{i}.o_proj", "linear", [o, wo], [y], layer=i)
-    x2 = act(g, i, "x.attn", (h,))
-    g.add(f"layers.{i}.attn_residual", "add", [x, y], [x2], layer=i)
+    return attention_output(g, spec, i, x, o)
+
+
+def attention_output(g: Graph, spec: ModelSpec, layer: int, x: str, o: str) -> str:
+    """The residual stream after attention: x + o_proj(o)."""
+    y = projection(g, layer, "self_attn.o_proj", o, "attn_proj", spec.hidden_size,
+                   spec.attention_bias, op="o_proj")
+    x2 = act(g, layer, "x.attn", (spec.hidden_size,))
+    g.add(f"layers.{layer}.attn_residual", "add", [x, y], [x2], layer=layer)
     return x2
 
 

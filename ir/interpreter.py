@@ -75,14 +75,31 @@ def _linear(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
     return [F.linear(ins[0], ins[1], ins[2] if len(ins) > 2 else None)]
 
 
+@semantics("layer_norm")
+def _layer_norm(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    x, w, b = ins
+    return [F.layer_norm(x, (x.shape[-1],), w, b, op.attrs["eps"])]
+
+
+@semantics("split")
+def _split(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    """Consecutive slices of the last dimension, `sizes` wide (e.g. latent | rope part)."""
+    return list(torch.split(ins[0], list(op.attrs["sizes"]), dim=-1))
+
+
 @semantics("rope")
 def _rope(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    """RoPE on each head's dims [rotary_offset, rotary_offset + rotary_dim) (default: all of
+    them); the others pass through, as in MLA heads (nope | rope) and DSA indexer heads."""
     x = ins[0]
     a = op.attrs
     t = x.shape[0]
-    cos, sin = cos_sin(a["rope"], a["head_dim"], step.positions)
-    y = apply_rope(x.reshape(t, a["n_heads"], a["head_dim"]), cos, sin, a["rope"]["interleaved"])
-    return [y.reshape(t, -1)]
+    lo = a.get("rotary_offset", 0)
+    hi = lo + a.get("rotary_dim", a["head_dim"])
+    heads = x.reshape(t, a["n_heads"], a["head_dim"])
+    cos, sin = cos_sin(a["rope"], hi - lo, step.positions)
+    rotated = apply_rope(heads[..., lo:hi], cos, sin, a["rope"]["interleaved"])
+    return [torch.cat((heads[..., :lo], rotated, heads[..., hi:]), dim=-1).reshape(t, -1)]
 
 
 @semantics("kv_append")
@@ -136,7 +153,7 @@ def _load_semantics() -> None:
     """Import the modules that register the semantics of the other families' opcodes."""
     import importlib
 
-    for mod in ("tilertc.ir.moe", "tilertc.ir.mla"):
+    for mod in ("tilertc.ir.moe", "tilertc.ir.mla", "tilertc.ir.dsa"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:
