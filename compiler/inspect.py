@@ -6,10 +6,10 @@ those bytes from the graph; `tilertc inspect` renders the result.
 
 Counting rules (each tensor is counted once, at the op that reads most of it):
 - an embedding table is read one row per token (a tied table is also read in full by lm_head);
-- routed MoE experts (Hugging Face names `*.mlp.experts.*`) are read experts_per_token of
-  num_experts on average; shared experts and the router are read in full;
-- a KV cache is read up to the context length, or `topk` rows when the reading op carries a
-  `topk` attribute (DSA sparse attention).
+- the `moe_experts` op reads top_k of its num_experts experts' weights (which ones changes
+  from token to token; the bytes do not); shared experts and the router are read in full;
+- a KV cache is read up to the context length, or only the DSA indexer's top-k rows by an op
+  that takes the indexer's selection (`dsa_topk` output) as an input.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def inspect_model(spec: ModelSpec, target: Target, max_seq_len: int | None = Non
     """Build the decode graph of `spec` and count what one token at full context reads."""
     g = build_graph(spec, max_seq_len)
     context = g.attrs["max_seq_len"]
-    charged = charge_reads(g, spec, context)
+    charged = charge_reads(g, context)
     rows = [OpRow(op.name, op.opcode,
                   [(t, g.tensors[t].shape, g.tensors[t].dtype) for t in op.outputs],
                   charged[op.name][TensorKind.WEIGHT], charged[op.name][TensorKind.KV_CACHE],
@@ -102,19 +102,19 @@ def inspect_model(spec: ModelSpec, target: Target, max_seq_len: int | None = Non
     return Inspection(spec, target, context, fold_layers(rows) if summary else rows, totals)
 
 
-def read_fraction(op: Op, t: Tensor, spec: ModelSpec, context: int) -> float:
+def read_fraction(g: Graph, op: Op, t: Tensor, context: int) -> float:
     """The fraction of tensor `t` that `op` reads for one token."""
     if t.kind is TensorKind.KV_CACHE:
-        rows = min(op.attrs.get("topk", context), context)
-        return rows / t.shape[0]
+        picks = [p.attrs["topk"] for p in g.producers(op.name) if p.opcode == "dsa_topk"]
+        return min([context, *picks]) / t.shape[0]
     if op.opcode == "embedding":
         return 1 / t.shape[0]
-    if spec.moe is not None and t.hf_name and ".mlp.experts." in t.hf_name:
-        return spec.moe.experts_per_token / spec.moe.num_experts
+    if op.opcode == "moe_experts":
+        return op.attrs["top_k"] / op.attrs["num_experts"]
     return 1.0
 
 
-def charge_reads(g: Graph, spec: ModelSpec, context: int) -> dict[str, dict[TensorKind, int]]:
+def charge_reads(g: Graph, context: int) -> dict[str, dict[TensorKind, int]]:
     """Bytes per token of weights and KV cache charged to each op.
 
     A tensor read by several ops (a tied embedding, a weight split between two ops) is charged
@@ -126,7 +126,7 @@ def charge_reads(g: Graph, spec: ModelSpec, context: int) -> dict[str, dict[Tens
         for name in dict.fromkeys(op.inputs):
             t = g.tensors[name]
             if t.kind in (TensorKind.WEIGHT, TensorKind.KV_CACHE):
-                frac = read_fraction(op, t, spec, context)
+                frac = read_fraction(g, op, t, context)
                 if name not in best or frac > best[name][0]:
                     best[name] = (frac, op.name)
     charged = {op.name: dict.fromkeys((TensorKind.WEIGHT, TensorKind.KV_CACHE), 0)
@@ -189,6 +189,10 @@ def human_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def human_seconds(s: float) -> str:
+    return f"{s * 1e3:.4g} ms" if s >= 1e-3 else f"{s * 1e6:.4g} µs"
+
+
 def print_inspection(insp: Inspection, console: Console) -> None:
     """The op table, then the totals and the bandwidth floor."""
     folded = any(r.count > 1 for r in insp.rows)
@@ -215,9 +219,9 @@ def print_inspection(insp: Inspection, console: Console) -> None:
         f"at context {insp.context} (cache {human_bytes(t['kv_cache_bytes'])})",
         f"bandwidth floor on {insp.target.name} "
         f"({human_bytes(t['bandwidth_bytes_per_s'])}/s): "
-        f"{t['floor_s_per_token'] * 1e6:.1f} µs/token, at most "
+        f"{human_seconds(t['floor_s_per_token'])}/token, at most "
         f"{t['max_tokens_per_s']:.0f} tokens/s "
-        f"(weights alone: {t['weights_only_floor_s_per_token'] * 1e6:.1f} µs)",
+        f"(weights alone: {human_seconds(t['weights_only_floor_s_per_token'])})",
     ]
     if "moe_routed_experts" in t:
         lines.append(f"MoE: counts the {t['moe_routed_experts_read_per_token']} of "
