@@ -56,7 +56,7 @@ def inv_freq_and_attention_factor(rope: dict, dim: int) -> tuple[torch.Tensor, f
 def cos_sin(rope: dict, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape [T, dim/2] (float64) for integer positions [T]."""
     inv, att = inv_freq_and_attention_factor(rope, dim)
-    ang = positions.to(torch.float64)[:, None] * inv[None, :]
+    ang = positions.to(torch.float64)[:, None] * inv.to(positions.device)[None, :]
     return ang.cos() * att, ang.sin() * att
 
 

@@ -31,6 +31,10 @@ def place(program: Program) -> Program:
     g, tgt = program.graph, program.target
     # -- shared memory plan
     mv_ops = [op for op in g.ops() if op.opcode in ("norm_matvec", "matvec_add")]
+    for op in mv_ops:
+        if op.attrs["K"] % 8:
+            raise ScheduleError(f"op {op.name!r}: input length {op.attrs['K']} is not a multiple of 8; "
+                                "weight rows must be whole 16-byte pieces for bulk copies")
     max_k = max(op.attrs["K"] for op in mv_ops)
     act_smem = max_k * 4
     ring = tgt.smem_per_block - act_smem - MISC_SMEM

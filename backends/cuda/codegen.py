@@ -25,9 +25,8 @@ def constants(program: Program) -> dict[str, object]:
     spec, cfg = program.spec, program.config
     attn = next(op for op in program.graph.ops() if op.opcode == "attention").attrs
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]
-    if hd % 32:
-        raise ScheduleError(f"attention: head_dim {hd} is not a multiple of 32, which the CUDA "
-                            "backend's attention needs (one warp spans a head)")
+    if hd % 2:
+        raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
     max_k = max(cfg["act_smem_bytes"] // 4, 2 * group * hd + 3 * hd + group)
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],

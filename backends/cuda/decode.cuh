@@ -315,7 +315,8 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
 // and RoPE, append key and value to the cache. Then each warp runs an online softmax over a
 // strided share of the context for all GROUP query heads at once (each key read once), and
 // the warps' partial results are merged in shared memory.
-constexpr int DPL = HEAD_DIM / 32;  // head dims per lane
+constexpr int DPL = (HEAD_DIM + 31) / 32;  // head dims per lane; lane l owns [l*DPL, l*DPL+DPL)
+__device__ __forceinline__ bool owns(int lane, int j) { return lane * DPL + j < HEAD_DIM; }
 
 __device__ void norm_and_rope(const Params& p, float* v, const float* gamma, long long pos, int lane) {
   if (QK_NORM) {
@@ -370,7 +371,7 @@ __device__ void run_attention(const Params& p, Shared& s, const int* t, long lon
     l[h] = 0.f;
 #pragma unroll
     for (int j = 0; j < DPL; ++j) {
-      qr[h][j] = q[h * HEAD_DIM + lane * DPL + j] * scale;
+      qr[h][j] = owns(lane, j) ? q[h * HEAD_DIM + lane * DPL + j] * scale : 0.f;
       acc[h][j] = 0.f;
     }
   }
@@ -378,8 +379,8 @@ __device__ void run_attention(const Params& p, Shared& s, const int* t, long lon
     float kr[DPL], vr[DPL];
 #pragma unroll
     for (int j = 0; j < DPL; ++j) {
-      kr[j] = __bfloat162float(kc[key * HEAD_DIM + lane * DPL + j]);
-      vr[j] = __bfloat162float(vc[key * HEAD_DIM + lane * DPL + j]);
+      kr[j] = owns(lane, j) ? __bfloat162float(__ldcg(kc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
+      vr[j] = owns(lane, j) ? __bfloat162float(__ldcg(vc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
     }
 #pragma unroll
     for (int h = 0; h < GROUP; ++h) {
@@ -407,7 +408,8 @@ __device__ void run_attention(const Params& p, Shared& s, const int* t, long lon
     for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + h]);
     const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - mx);
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) atomicAdd(&out[h * (HEAD_DIM + 1) + lane * DPL + j], acc[h][j] * f);
+    for (int j = 0; j < DPL; ++j)
+      if (owns(lane, j)) atomicAdd(&out[h * (HEAD_DIM + 1) + lane * DPL + j], acc[h][j] * f);
     if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 1) + HEAD_DIM], l[h] * f);
   }
   compute_sync();

@@ -1,0 +1,302 @@
+"""`Engine`: load an artifact onto a GPU and decode with its persistent kernel.
+
+Loading checks the artifact against this compiler and this GPU, checks the weights against
+the artifact (every tensor, shape and dtype), packs them into the layout the manifest names,
+and loads the cubin through the CUDA driver API. Prefill runs in the interpreter on the GPU
+and its KV cache is copied into the kernel's layout; decoding is one cooperative launch that
+runs the token loop on the GPU and streams tokens through a host-mapped ring.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tilertc.ir.build import build_graph
+from tilertc.ir.interpreter import Interpreter
+from tilertc.ir.rope import cos_sin
+from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
+from tilertc.model_specs.hf import spec_from_hf_config
+
+ARTIFACT_FORMAT = 1
+PARAM_WORDS = 20  # decode.cuh: Params, 8-byte words
+STATUS_WORDS = 8
+ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow"}
+
+
+class ArtifactError(RuntimeError):
+    """An artifact that cannot run here (other target, other compiler, damaged files)."""
+
+
+class WeightMismatch(ValueError):
+    """Weights that do not match the artifact; the message names the tensor."""
+
+
+def read_manifest(artifact: str | Path) -> dict[str, Any]:
+    from tilertc import __version__
+
+    path = Path(artifact) / "manifest.json"
+    if not path.is_file():
+        raise ArtifactError(f"{artifact}: not a tilertc artifact (no manifest.json)")
+    m = json.loads(path.read_text())
+    if m.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{path}: artifact format {m.get('format')} is not {ARTIFACT_FORMAT}; "
+                            "recompile with this tilertc")
+    if m.get("compiler_version") != __version__:
+        raise ArtifactError(f"{path}: built by tilertc {m.get('compiler_version')}, this is "
+                            f"{__version__}; recompile")
+    return m
+
+
+def check_device(m: dict[str, Any], device: torch.device) -> None:
+    """The artifact's cubin must match this GPU's architecture and SM count."""
+    arch = m["target"]["arch"]
+    major, minor = torch.cuda.get_device_capability(device)
+    have = f"sm_{major}{minor}"
+    if arch.rstrip("a") != have:
+        raise ArtifactError(f"artifact built for {arch} ({m['target']['name']}), but "
+                            f"{torch.cuda.get_device_name(device)} is {have}; recompile with "
+                            "--target for this GPU")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if sms < m["kernel"]["ctas"]:
+        raise ArtifactError(f"artifact schedules {m['kernel']['ctas']} CTAs, this GPU has {sms} SMs")
+
+
+def check_weights(m: dict[str, Any], weights: dict[str, torch.Tensor], expected: dict[str, tuple]) -> None:
+    for name, shape in expected.items():
+        if name not in weights:
+            raise WeightMismatch(f"weight {name!r} is missing (the artifact needs shape {list(shape)})")
+        w = weights[name]
+        if tuple(w.shape) != tuple(shape):
+            raise WeightMismatch(f"weight {name!r} has shape {list(w.shape)}, the artifact needs "
+                                 f"{list(shape)}")
+        if w.dtype != torch.bfloat16:
+            raise WeightMismatch(f"weight {name!r} is {w.dtype}, the artifact needs torch.bfloat16")
+
+
+def _driver():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _check(result: tuple, what: str) -> Any:
+    err, *rest = result
+    if int(err) != 0:
+        raise RuntimeError(f"CUDA driver error in {what}: {err}")
+    return rest[0] if len(rest) == 1 else rest
+
+
+class Engine:
+    """A compiled model on one GPU, with its KV cache and position."""
+
+    def __init__(self, artifact: Path, manifest: dict[str, Any], weights: dict[str, torch.Tensor],
+                 device: torch.device, watchdog_s: float) -> None:
+        self.artifact, self.m, self.device = artifact, manifest, device
+        self.spec = spec_from_hf_config(manifest["model"]["hf_config"], manifest["model"]["name"])
+        self.graph = build_graph(self.spec, manifest["max_seq_len"])
+        expected = {t.hf_name: t.shape for t in self.graph.weights()}
+        check_weights(manifest, weights, expected)
+        self.weights = weights
+        self.max_seq_len = manifest["max_seq_len"]
+        self.watchdog_ns = int(watchdog_s * 1e9)
+        self.position = 0
+        self._interp: Interpreter | None = None
+        self._upload()
+        self._load_cubin()
+
+    # -- loading ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, artifact: str | Path, weights: WeightSource | None = None, device: str = "cuda:0",
+             random_seed: int | None = None, watchdog_s: float = 5.0) -> Engine:
+        """Load `artifact` with `weights` (HF state dict or safetensors path), or random bf16
+        weights drawn with `random_seed` when `weights` is None."""
+        path = Path(artifact)
+        m = read_manifest(path)
+        dev = torch.device(device)
+        if not torch.cuda.is_available():
+            raise ArtifactError("no CUDA GPU is available to run the artifact")
+        check_device(m, dev)
+        if weights is None:
+            spec = spec_from_hf_config(m["model"]["hf_config"], m["model"]["name"])
+            sd = random_weights(build_graph(spec, m["max_seq_len"]), seed=random_seed or 0)
+        else:
+            sd = load_state_dict(weights)
+        return cls(path, m, sd, dev, watchdog_s)
+
+    def _upload(self) -> None:
+        m, dev = self.m, self.device
+        lay = m["weights"]
+        packed = torch.empty(lay["packed_bytes"] // 2, dtype=torch.bfloat16, device=dev)
+        on_dev: dict[str, torch.Tensor] = {}
+
+        def rows(name: str, r0: int, r1: int) -> torch.Tensor:
+            if name not in on_dev:
+                on_dev.clear()  # one tensor on the GPU at a time keeps packing memory small
+                on_dev[name] = self.weights[name].to(dev)
+            return on_dev[name][r0:r1]
+
+        for entry in sorted(lay["layout"], key=lambda e: e["segments"][0][0]):
+            parts = [rows(*seg) for seg in entry["segments"]]
+            block = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
+            off = entry["offset"] // 2
+            packed[off:off + block.numel()] = block.reshape(-1)
+        on_dev.clear()
+        self.packed = packed
+        self.act = torch.zeros(m["arenas"]["act"], dtype=torch.float32, device=dev)
+        self.kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16, device=dev)
+        for name, b in m["buffers"].items():
+            if b["hf_name"]:
+                self._act(name).copy_(self.weights[b["hf_name"]].float().reshape(-1))
+        rope = m["rope"]
+        cos, sin = cos_sin(rope["attrs"], rope["head_dim"], torch.arange(self.max_seq_len))
+        self._act(rope["buffer"]).copy_(torch.cat([cos, sin], 1).float().reshape(-1))
+        self.embed = self.weights[m["embedding"]].to(dev).contiguous()
+        sched = np.load(self.artifact / "schedule.npz")
+        self.tasks = torch.from_numpy(sched["tasks"]).to(dev)
+        self.stream_offsets = torch.from_numpy(sched["stream_offsets"]).to(dev)
+        self.stream_tasks = torch.from_numpy(sched["stream_tasks"]).to(dev)
+        self.counters = torch.zeros(len(m["counters"]), dtype=torch.int32, device=dev)
+        self.status = torch.zeros(STATUS_WORDS, dtype=torch.int32, device=dev)
+        self.device_tokens = torch.zeros(self.max_seq_len, dtype=torch.int32, device=dev)
+        # Host-mapped (pinned, UVA) memory the kernel writes tokens to and reads the stop flag from.
+        self.host_tokens = torch.zeros(self.max_seq_len, dtype=torch.int32).pin_memory()
+        self.host_count = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self.host_stop = torch.zeros(1, dtype=torch.int32).pin_memory()
+        self.params = torch.zeros(PARAM_WORDS, dtype=torch.int64, device=dev)
+
+    def _act(self, name: str) -> torch.Tensor:
+        b = self.m["buffers"][name]
+        return self.act[b["offset"]:b["offset"] + b["numel"]]
+
+    def _load_cubin(self) -> None:
+        import hashlib
+
+        drv = _driver()
+        blob = (self.artifact / "kernel.cubin").read_bytes()
+        if hashlib.sha256(blob).hexdigest() != self.m["kernel"]["cubin_sha256"]:
+            raise ArtifactError(f"{self.artifact}/kernel.cubin does not match its manifest")
+        torch.cuda.init()
+        self._module = _check(drv.cuModuleLoadData(blob), "cuModuleLoadData")
+        self._func = _check(drv.cuModuleGetFunction(self._module, self.m["kernel"]["name"].encode()),
+                            "cuModuleGetFunction")
+        smem = self.m["kernel"]["smem_bytes"]
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _check(drv.cuFuncSetAttribute(self._func, attr, smem), "cuFuncSetAttribute")
+        per_sm = _check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            self._func, self.m["kernel"]["threads"], smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        if per_sm < 1:
+            raise ArtifactError(f"the kernel ({self.m['kernel']['threads']} threads, {smem} B shared "
+                                "memory) cannot be resident on this GPU")
+
+    # -- decoding -----------------------------------------------------------------------------
+    def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int) -> None:
+        if start_pos + n_steps > self.max_seq_len:
+            raise ValueError(f"decoding {n_steps} tokens from position {start_pos} exceeds the KV "
+                             f"capacity of {self.max_seq_len} (compile with a larger --max-seq-len)")
+        ptr = [t.data_ptr() for t in (self.tasks, self.stream_offsets, self.stream_tasks, self.packed,
+                                      self.act, self.kv, self.embed, self.counters, self.device_tokens,
+                                      self.host_tokens, self.host_count, self.host_stop, self.status)]
+        rope_off = self.m["buffers"][self.m["rope"]["buffer"]]["offset"]
+        words = ptr + [first_token, start_pos, n_steps, eos, rope_off, self.m["sampler_counter"],
+                       self.watchdog_ns]
+        assert len(words) == PARAM_WORDS
+        self.params.copy_(torch.tensor(words, dtype=torch.int64))
+        self.counters.zero_()
+        self.status.zero_()
+        self.host_count.zero_()
+        self.host_stop.zero_()
+        drv = _driver()
+        arg = np.array([self.params.data_ptr()], dtype=np.uint64)
+        args = np.array([arg.ctypes.data], dtype=np.uint64)
+        stream = drv.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
+        k = self.m["kernel"]
+        _check(drv.cuLaunchCooperativeKernel(self._func, k["ctas"], 1, 1, k["threads"], 1, 1,
+                                             k["smem_bytes"], stream, args.ctypes.data), "launch")
+        self._launch_args = (arg, args)  # keep alive until the launch has read them
+
+    def _finish(self) -> int:
+        torch.cuda.synchronize(self.device)
+        st = self.status.cpu().tolist()
+        if st[0]:
+            counter = self.m["counters"][st[3]] if 0 <= st[3] < len(self.m["counters"]) else st[3]
+            raise RuntimeError(f"kernel error: {ERROR_NAMES.get(st[0], st[0])} (SM {st[1]}, task "
+                               f"{st[2]}, waiting on counter of {counter!r}); the kernel stopped "
+                               "making progress and was ended by its watchdog")
+        return int(self.host_count[0])
+
+    def prefill(self, input_ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Fill the KV cache for `input_ids` with the interpreter on the GPU; returns its logits."""
+        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
+        if self.position + ids.numel() > self.max_seq_len:
+            raise ValueError(f"prompt of {ids.numel()} tokens at position {self.position} exceeds "
+                             f"the KV capacity of {self.max_seq_len}")
+        if self._interp is None:
+            self._interp = Interpreter(self.graph, self.weights, self.device)
+        pos = torch.arange(self.position, self.position + ids.numel())
+        env = self._interp.run(ids, pos)
+        self._copy_cache(pos)
+        self.position += ids.numel()
+        return env["logits"]
+
+    def _copy_cache(self, pos: torch.Tensor) -> None:
+        """The interpreter's caches ([position][kv_head][dim]) into the kernel's layout."""
+        cfg = self.m["kv_cache"]
+        seq = self.max_seq_len
+        for names in cfg["layers"].values():
+            for name in (names["k"], names["v"]):
+                src = self._interp.state[name][pos]  # [n, kvh, hd]
+                b = self.m["buffers"][name]
+                dst = self.kv[b["offset"]:b["offset"] + b["numel"]].view(cfg["n_kv_heads"], seq, cfg["head_dim"])
+                dst[:, pos.to(self.device)] = src.transpose(0, 1).to(torch.bfloat16)
+
+    def step(self, token_id: int) -> tuple[int, torch.Tensor]:
+        """One decode step of the kernel: feed `token_id`; returns (greedy next token, logits)."""
+        self._launch(int(token_id), self.position, 1, -1)
+        self._finish()
+        self.position += 1
+        return int(self.device_tokens[0]), self._act(self.m["logits"]).clone()
+
+    def generate(self, input_ids: list[int] | torch.Tensor, max_new_tokens: int,
+                 eos_token_id: int | None = None, temperature: float = 0.0) -> Iterator[int]:
+        """Prefill `input_ids`, then decode up to `max_new_tokens` greedily in one launch,
+        yielding each token as the kernel writes it."""
+        if temperature != 0.0:
+            raise NotImplementedError("in-kernel sampling with temperature/top-k/top-p is not "
+                                      "implemented yet; use temperature=0 (greedy)")
+        ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
+        if ids.numel() == 0:
+            raise ValueError("generate needs at least one input token")
+        if self.position + ids.numel() + max_new_tokens - 1 > self.max_seq_len:
+            raise ValueError(f"{ids.numel()} prompt + {max_new_tokens} new tokens exceed the KV "
+                             f"capacity of {self.max_seq_len}")
+        if ids.numel() > 1:
+            self.prefill(ids[:-1])
+        start = self.position
+        self._launch(int(ids[-1]), start, max_new_tokens, -1 if eos_token_id is None else eos_token_id)
+        done = torch.cuda.Event()
+        done.record()
+        seen = 0
+        while True:
+            finished = done.query()
+            count = int(self.host_count[0])
+            while seen < count:
+                yield int(self.host_tokens[seen])
+                seen += 1
+            if finished:
+                break
+            time.sleep(20e-6)
+        seen_total = self._finish()
+        for i in range(seen, seen_total):
+            yield int(self.host_tokens[i])
+        self.position = start + seen_total
+
+    def stop(self) -> None:
+        """Ask a running `generate` to stop after the token in flight."""
+        self.host_stop[0] = 1
