@@ -105,7 +105,7 @@ def _rope(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
 @semantics("kv_append")
 def _kv_append(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
     outs = []
-    for src, cache_name in zip(ins[:-1], op.outputs):
+    for src, cache_name in zip(ins[:-1], op.outputs, strict=True):
         cache = step.state[cache_name]
         cache[step.positions] = src.reshape(src.shape[0], *cache.shape[1:]).to(cache.dtype)
         outs.append(cache)
@@ -164,17 +164,20 @@ def _load_semantics() -> None:
 class Interpreter:
     """Runs a graph step by step with weights given by Hugging Face name."""
 
-    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32, cache_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, graph: Graph, weights: dict[str, torch.Tensor],
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+                 cache_dtype: torch.dtype | None = None) -> None:
         _load_semantics()
         self.graph, self.device, self.dtype = graph, torch.device(device), dtype
         self.params: dict[str, torch.Tensor] = {}
         for t in graph.weights():
             if t.hf_name not in weights:
-                raise KeyError(f"weight {t.hf_name!r} (tensor {t.name!r}) is missing from the weights")
+                raise KeyError(f"weight {t.hf_name!r} (tensor {t.name!r}) is missing from the "
+                               "weights")
             w = weights[t.hf_name]
             if tuple(w.shape) != t.shape:
-                raise ValueError(f"weight {t.hf_name!r} has shape {tuple(w.shape)}, the model needs {t.shape}")
+                raise ValueError(f"weight {t.hf_name!r} has shape {tuple(w.shape)}, the model "
+                                 f"needs {t.shape}")
             self.params[t.name] = w.to(self.device, dtype)
         cache_dtype = cache_dtype or dtype
         self.state = {t.name: torch.zeros(t.shape, dtype=cache_dtype, device=self.device)
@@ -192,5 +195,5 @@ class Interpreter:
         env.update(self.state)
         for op in self.graph.ops():
             outs = SEMANTICS[op.opcode](op, [env[i] for i in op.inputs], step)
-            env.update(zip(op.outputs, outs))
+            env.update(zip(op.outputs, outs, strict=True))
         return env

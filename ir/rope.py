@@ -60,7 +60,8 @@ def cos_sin(rope: dict, dim: int, positions: torch.Tensor) -> tuple[torch.Tensor
     return ang.cos() * att, ang.sin() * att
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool) -> torch.Tensor:
     """Rotate x [T, H, dim] by per-token cos/sin [T, dim/2]."""
     c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     if interleaved:
