@@ -16,13 +16,15 @@ from typing import Any
 
 import numpy as np
 
+from tilertc.artifact import ARTIFACT_FORMAT
 from tilertc.backends.cuda import codegen, encode
 from tilertc.ir.graph import TensorKind
 from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
 
-ARTIFACT_FORMAT = 1
+BACKENDS = ("cuda",)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:
         t = program.graph.tensors.get(name)
         out[name] = {"arena": b.arena, "offset": b.offset, "numel": b.numel, "dtype": b.dtype,
                      "kind": t.kind.value if t else "scratch",
-                     "hf_name": t.hf_name if t is not None and t.kind is TensorKind.WEIGHT else None}
+                     "hf_name": t.hf_name if t is not None and t.kind is TensorKind.WEIGHT
+                     else None}
     return out
 
 
@@ -66,8 +69,9 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
     for op in program.graph.ops():
         if op.opcode == "attention":
             kv[str(op.layer)] = {"k": op.inputs[-2], "v": op.inputs[-1]}
-    key = json.dumps({"spec": spec.content_hash(), "compiler": __version__, "options": options.hash(),
-                      "decisions": program.decisions, "cubin": cubin_sha}, sort_keys=True)
+    key = json.dumps({"spec": spec.content_hash(), "compiler": __version__,
+                      "options": options.hash(), "decisions": program.decisions,
+                      "cubin": cubin_sha}, sort_keys=True)
     return {
         "format": ARTIFACT_FORMAT,
         "compiler_version": __version__,
@@ -96,6 +100,7 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
         "weights": {"packed_bytes": program.config["packed_weight_bytes"],
                     "layout": _weight_layout(program)},
         "task_fields": list(encode.FIELDS),
+        "cost": {"step_ns": step_ns(program), "roofline_ns": roofline_ns(program)},
         "decisions": program.decisions,
     }
 
@@ -104,8 +109,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
             progress: Callable[[str], None] | None = None) -> Path:
     """Compile `spec` into an artifact directory; returns its path."""
     options = options or CompileOptions()
-    if options.backend != "cuda":
-        raise ValueError(f"unknown backend {options.backend!r} (available: cuda)")
+    if options.backend not in BACKENDS:
+        raise ValueError(f"unknown backend {options.backend!r} (available: {', '.join(BACKENDS)})")
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,6 @@ runs the token loop on the GPU and streams tokens through a host-mapped ring.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,66 +17,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from tilertc.artifact import (
+    ArtifactError,
+    WeightMismatch,
+    check_capacity,
+    check_device,
+    check_weights,
+    model_spec,
+    read_cubin,
+    read_manifest,
+    weight_shapes,
+)
 from tilertc.ir.build import build_graph
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.rope import cos_sin
 from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
-from tilertc.model_specs.hf import spec_from_hf_config
 
-ARTIFACT_FORMAT = 1
+__all__ = ["ArtifactError", "Engine", "WeightMismatch", "check_capacity", "check_device",
+           "check_weights", "read_manifest"]
+
 PARAM_WORDS = 20  # decode.cuh: Params, 8-byte words
 STATUS_WORDS = 8
 ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow"}
-
-
-class ArtifactError(RuntimeError):
-    """An artifact that cannot run here (other target, other compiler, damaged files)."""
-
-
-class WeightMismatch(ValueError):
-    """Weights that do not match the artifact; the message names the tensor."""
-
-
-def read_manifest(artifact: str | Path) -> dict[str, Any]:
-    from tilertc import __version__
-
-    path = Path(artifact) / "manifest.json"
-    if not path.is_file():
-        raise ArtifactError(f"{artifact}: not a tilertc artifact (no manifest.json)")
-    m = json.loads(path.read_text())
-    if m.get("format") != ARTIFACT_FORMAT:
-        raise ArtifactError(f"{path}: artifact format {m.get('format')} is not {ARTIFACT_FORMAT}; "
-                            "recompile with this tilertc")
-    if m.get("compiler_version") != __version__:
-        raise ArtifactError(f"{path}: built by tilertc {m.get('compiler_version')}, this is "
-                            f"{__version__}; recompile")
-    return m
-
-
-def check_device(m: dict[str, Any], device: torch.device) -> None:
-    """The artifact's cubin must match this GPU's architecture and SM count."""
-    arch = m["target"]["arch"]
-    major, minor = torch.cuda.get_device_capability(device)
-    have = f"sm_{major}{minor}"
-    if arch.rstrip("a") != have:
-        raise ArtifactError(f"artifact built for {arch} ({m['target']['name']}), but "
-                            f"{torch.cuda.get_device_name(device)} is {have}; recompile with "
-                            "--target for this GPU")
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    if sms < m["kernel"]["ctas"]:
-        raise ArtifactError(f"artifact schedules {m['kernel']['ctas']} CTAs, this GPU has {sms} SMs")
-
-
-def check_weights(m: dict[str, Any], weights: dict[str, torch.Tensor], expected: dict[str, tuple]) -> None:
-    for name, shape in expected.items():
-        if name not in weights:
-            raise WeightMismatch(f"weight {name!r} is missing (the artifact needs shape {list(shape)})")
-        w = weights[name]
-        if tuple(w.shape) != tuple(shape):
-            raise WeightMismatch(f"weight {name!r} has shape {list(w.shape)}, the artifact needs "
-                                 f"{list(shape)}")
-        if w.dtype != torch.bfloat16:
-            raise WeightMismatch(f"weight {name!r} is {w.dtype}, the artifact needs torch.bfloat16")
 
 
 def _driver():
@@ -99,10 +60,9 @@ class Engine:
     def __init__(self, artifact: Path, manifest: dict[str, Any], weights: dict[str, torch.Tensor],
                  device: torch.device, watchdog_s: float) -> None:
         self.artifact, self.m, self.device = artifact, manifest, device
-        self.spec = spec_from_hf_config(manifest["model"]["hf_config"], manifest["model"]["name"])
+        self.spec = model_spec(manifest)
         self.graph = build_graph(self.spec, manifest["max_seq_len"])
-        expected = {t.hf_name: t.shape for t in self.graph.weights()}
-        check_weights(manifest, weights, expected)
+        check_weights(weights, weight_shapes(self.graph))
         self.weights = weights
         self.max_seq_len = manifest["max_seq_len"]
         self.watchdog_ns = int(watchdog_s * 1e9)
@@ -122,10 +82,11 @@ class Engine:
         dev = torch.device(device)
         if not torch.cuda.is_available():
             raise ArtifactError("no CUDA GPU is available to run the artifact")
-        check_device(m, dev)
+        check_device(m, torch.cuda.get_device_capability(dev),
+                     torch.cuda.get_device_properties(dev).multi_processor_count,
+                     torch.cuda.get_device_name(dev))
         if weights is None:
-            spec = spec_from_hf_config(m["model"]["hf_config"], m["model"]["name"])
-            sd = random_weights(build_graph(spec, m["max_seq_len"]), seed=random_seed or 0)
+            sd = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=random_seed or 0)
         else:
             sd = load_state_dict(weights)
         return cls(path, m, sd, dev, watchdog_s)
@@ -176,12 +137,8 @@ class Engine:
         return self.act[b["offset"]:b["offset"] + b["numel"]]
 
     def _load_cubin(self) -> None:
-        import hashlib
-
         drv = _driver()
-        blob = (self.artifact / "kernel.cubin").read_bytes()
-        if hashlib.sha256(blob).hexdigest() != self.m["kernel"]["cubin_sha256"]:
-            raise ArtifactError(f"{self.artifact}/kernel.cubin does not match its manifest")
+        blob = read_cubin(self.artifact, self.m)
         torch.cuda.init()
         self._module = _check(drv.cuModuleLoadData(blob), "cuModuleLoadData")
         self._func = _check(drv.cuModuleGetFunction(self._module, self.m["kernel"]["name"].encode()),
@@ -234,9 +191,7 @@ class Engine:
     def prefill(self, input_ids: list[int] | torch.Tensor) -> torch.Tensor:
         """Fill the KV cache for `input_ids` with the interpreter on the GPU; returns its logits."""
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
-        if self.position + ids.numel() > self.max_seq_len:
-            raise ValueError(f"prompt of {ids.numel()} tokens at position {self.position} exceeds "
-                             f"the KV capacity of {self.max_seq_len}")
+        check_capacity(self.position, ids.numel(), 0, self.max_seq_len)
         if self._interp is None:
             self._interp = Interpreter(self.graph, self.weights, self.device)
         pos = torch.arange(self.position, self.position + ids.numel())
@@ -273,9 +228,7 @@ class Engine:
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if ids.numel() == 0:
             raise ValueError("generate needs at least one input token")
-        if self.position + ids.numel() + max_new_tokens - 1 > self.max_seq_len:
-            raise ValueError(f"{ids.numel()} prompt + {max_new_tokens} new tokens exceed the KV "
-                             f"capacity of {self.max_seq_len}")
+        check_capacity(self.position, ids.numel(), max_new_tokens, self.max_seq_len)
         if ids.numel() > 1:
             self.prefill(ids[:-1])
         start = self.position
