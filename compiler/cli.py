@@ -1,12 +1,14 @@
 """The `tilertc` command line."""
 
 import json
+import time
 
 import click
 from rich.console import Console
 
+from tilertc.driver import BACKENDS
 from tilertc.ir.target import TARGETS, get_target
-from tilertc.model_specs import SpecError, load_spec
+from tilertc.model_specs import ModelSpec, SpecError, load_spec
 
 
 @click.group()
@@ -63,3 +65,127 @@ def inspect_command(model: str, target: str, max_seq_len: int | None, summary: b
         if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
             console = Console(width=160)
         print_inspection(insp, console)
+
+
+def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
+    """The KV capacity to compile for: as asked, else the model's context, at most 4096."""
+    if max_seq_len is None:
+        return min(spec.max_position_embeddings, 4096)
+    if max_seq_len > spec.max_position_embeddings:
+        raise click.BadParameter(f"{max_seq_len} exceeds the model's max_position_embeddings "
+                                 f"{spec.max_position_embeddings}", param_hint="--max-seq-len")
+    return max_seq_len
+
+
+@main.command("compile")
+@click.argument("model")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Artifact directory to write (created if missing).")
+@click.option("--target", type=click.Choice(sorted(TARGETS), case_sensitive=False),
+              default="h200", show_default=True, help="GPU to compile for.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="cuda", show_default=True,
+              help="Code generator.")
+@click.option("--max-seq-len", type=click.IntRange(min=1), default=None,
+              help="KV-cache capacity in positions [default: max positions, at most 4096].")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key before validation (repeatable).")
+def compile_command(model: str, out_dir: str, target: str, backend: str,
+                    max_seq_len: int | None, overrides: tuple[str, ...]) -> None:
+    """Compile MODEL into one persistent CUDA kernel and write an artifact directory.
+
+    MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
+    Needs nvcc, not a GPU.
+    """
+    from tilertc.artifact import read_manifest
+    from tilertc.compile_report import StageDisplay, print_summary
+    from tilertc.driver import CompileOptions, compile
+
+    try:
+        spec = load_spec(model, parse_overrides(overrides))
+    except SpecError as e:
+        raise click.ClickException(str(e)) from None
+    options = CompileOptions(target=target.lower(), backend=backend,
+                             max_seq_len=kv_capacity(spec, max_seq_len))
+    console = Console(stderr=True)
+    started = time.perf_counter()
+    try:
+        with StageDisplay(console) as stages:
+            out = compile(spec, out_dir, options, progress=stages)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:  # schedule, nvcc
+        raise click.ClickException(str(e)) from None
+    print_summary(out, read_manifest(out), time.perf_counter() - started, Console())
+
+
+@main.command("run")
+@click.argument("artifact", type=click.Path(exists=True, file_okay=False))
+@click.option("--weights", type=click.Path(exists=True),
+              help="Hugging Face model directory or .safetensors file.")
+@click.option("--random-weights", is_flag=True, help="Random bf16 weights instead of --weights.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random-weights.")
+@click.option("--prompt", help="Prompt text (needs a tokenizer next to --weights).")
+@click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=None,
+              help="Tokens to generate at most [default: 128, or what fits the KV cache].")
+@click.option("--eos-id", type=int, default=None,
+              help="Stop at this token [default: the tokenizer's EOS, if there is a tokenizer].")
+@click.option("--device", default="cuda:0", show_default=True)
+def run_command(artifact: str, weights: str | None, random_weights: bool, seed: int,
+                prompt: str | None, prompt_ids: str | None, max_new_tokens: int | None,
+                eos_id: int | None, device: str) -> None:
+    """Decode with a compiled ARTIFACT on a GPU, streaming tokens as the kernel makes them.
+
+    Ctrl-C stops the kernel after the token in flight; a second Ctrl-C aborts.
+    """
+    from tilertc.artifact import check_capacity, model_spec, read_manifest
+    from tilertc.engine import Engine
+    from tilertc.token_stream import (
+        TextStream,
+        load_tokenizer,
+        parse_ids,
+        stop_on_interrupt,
+        timed_stream,
+        tokenizer_dir,
+    )
+
+    if (weights is None) == (not random_weights):
+        raise click.UsageError("give exactly one of --weights and --random-weights")
+    if (prompt is None) == (prompt_ids is None):
+        raise click.UsageError("give exactly one of --prompt and --prompt-ids")
+    try:
+        m = read_manifest(artifact)
+        folder = tokenizer_dir(weights)
+        tokenizer = load_tokenizer(folder) if folder else None
+        if prompt is not None and tokenizer is None:
+            raise ValueError("--prompt needs a tokenizer, and there is none "
+                             + (f"next to {weights}" if weights else "with --random-weights")
+                             + "; pass token ids with --prompt-ids")
+        ids = tokenizer.encode(prompt) if prompt is not None else parse_ids(prompt_ids)
+        vocab = model_spec(m).vocab_size
+        if not ids or not all(0 <= i < vocab for i in ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab}) and there must be some")
+        if max_new_tokens is None:
+            max_new_tokens = max(1, min(128, m["max_seq_len"] - len(ids) + 1))
+        check_capacity(0, len(ids), max_new_tokens, m["max_seq_len"])
+        if eos_id is None and tokenizer is not None:
+            eos_id = tokenizer.eos_token_id
+        engine = Engine.load(artifact, weights=weights, device=device, random_seed=seed)
+    except (ValueError, RuntimeError, ImportError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+
+    text = TextStream(tokenizer, ids) if tokenizer is not None else None
+    if text is not None:
+        click.echo(text.prompt_text, nl=False)
+
+    def emit(token: int) -> None:
+        click.echo(text.push(token) if text is not None else f"{token} ", nl=False)
+
+    with stop_on_interrupt(engine.stop) as interrupted:
+        try:
+            stats = timed_stream(engine.generate(ids, max_new_tokens, eos_id), emit)
+        except RuntimeError as e:  # the kernel's watchdog or a driver error
+            raise click.ClickException(str(e)) from None
+    click.echo()
+    why = "stopped by Ctrl-C; " if interrupted else ""
+    click.echo(f"{stats.tokens} tokens in {stats.total_s:.2f} s ({why}first after "
+               f"{stats.first_token_s * 1e3:.0f} ms, with a prefill of {len(ids) - 1} tokens): "
+               f"{stats.tokens_per_s:.1f} tokens/s/user", err=True)

@@ -35,6 +35,8 @@ class CompileOptions:
     backend: str = "cuda"
     tp: int = 1
     max_seq_len: int = 4096
+    compute_warps: int | None = None  # None: the roles pass decides
+    page_kb: int | None = None  # None: the residency pass decides
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -115,7 +117,9 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
-    program = make_program(spec, options.target, options.tp, options.max_seq_len)
+    tuning = {k: v for k, v in (("compute_warps", options.compute_warps),
+                                ("page_kb", options.page_kb)) if v is not None}
+    program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
     say("emitting CUDA source")
     consts = codegen.constants(program)
     src = out / "kernel.cu"
@@ -128,5 +132,4 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     sha = hashlib.sha256(cubin.read_bytes()).hexdigest()
     (out / "manifest.json").write_text(json.dumps(manifest(program, options, consts, ptxas, sha),
                                                   indent=1, default=list))
-    say(f"wrote {out}")
     return out

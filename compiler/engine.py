@@ -36,7 +36,7 @@ from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
 __all__ = ["ArtifactError", "Engine", "WeightMismatch", "check_capacity", "check_device",
            "check_weights", "read_manifest"]
 
-PARAM_WORDS = 20  # decode.cuh: Params, 8-byte words
+PARAM_WORDS = 23  # decode.cuh: Params, 8-byte words
 STATUS_WORDS = 8
 ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow"}
 
@@ -131,6 +131,7 @@ class Engine:
         self.host_count = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.host_stop = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.params = torch.zeros(PARAM_WORDS, dtype=torch.int64, device=dev)
+        self.profile: torch.Tensor | None = None
 
     def _act(self, name: str) -> torch.Tensor:
         b = self.m["buffers"][name]
@@ -161,8 +162,10 @@ class Engine:
                                       self.act, self.kv, self.embed, self.counters, self.device_tokens,
                                       self.host_tokens, self.host_count, self.host_stop, self.status)]
         rope_off = self.m["buffers"][self.m["rope"]["buffer"]]["offset"]
+        prof = self.profile.data_ptr() if self.profile is not None else 0
+        prof_steps = self.profile.shape[0] if self.profile is not None else 0
         words = ptr + [first_token, start_pos, n_steps, eos, rope_off, self.m["sampler_counter"],
-                       self.watchdog_ns]
+                       self.watchdog_ns, prof, prof_steps, self.tasks.shape[0]]
         assert len(words) == PARAM_WORDS
         self.params.copy_(torch.tensor(words, dtype=torch.int64))
         self.counters.zero_()
@@ -249,6 +252,12 @@ class Engine:
         for i in range(seen, seen_total):
             yield int(self.host_tokens[i])
         self.position = start + seen_total
+
+    def enable_profile(self, steps: int) -> None:
+        """Record (start, dependencies met, done) globaltimer stamps of every task for the first
+        `steps` steps of each launch into `self.profile` [steps, tasks, 3] (ns)."""
+        self.profile = torch.zeros((steps, self.tasks.shape[0], 3), dtype=torch.int64,
+                                   device=self.device) if steps else None
 
     def stop(self) -> None:
         """Ask a running `generate` to stop after the token in flight."""

@@ -47,6 +47,8 @@ class Task:
     weight_offset: int = -1  # bytes into the packed weight buffer
     waits: list[tuple[int, int]] = field(default_factory=list)  # (counter, increments per step)
     signal: int = -1  # counter incremented once per step when the task is done
+    # Chunked attention: the counter the task arrives on; only the group's last arrival signals.
+    arrive: int = -1
     est_ns: float = 0.0
 
     @property

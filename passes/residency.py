@@ -10,7 +10,10 @@ Decides:
   overwrites what another may still read;
 - the KV cache is a bf16 arena laid out [layer][kv_head][position][head_dim], so that an
   attention task reads its head's keys contiguously;
-- the input vector of a matrix-vector task is staged in shared memory as fp32.
+- the input vector of a matrix-vector task is staged in shared memory as fp32, next to its
+  row sums (the warps that share a row meet there);
+- attention chunks leave their partial softmax results in one global scratch buffer that the
+  merging task reads.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tilertc.passes.program import Buffer, Program, ScheduleError
 from tilertc.passes.tiling import row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
+PAGE_KB = 32  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
 MISC_SMEM = 8 * 1024  # mbarriers, reductions, attention partials
 
 
@@ -36,25 +40,35 @@ def place(program: Program) -> Program:
             raise ScheduleError(f"op {op.name!r}: input length {op.attrs['K']} is not a multiple of 8; "
                                 "weight rows must be whole 16-byte pieces for bulk copies")
     max_k = max(op.attrs["K"] for op in mv_ops)
-    act_smem = max_k * 4
-    ring = tgt.smem_per_block - act_smem - MISC_SMEM
+    attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
+    # attention stages its query heads, the new key and value, and its merge buffer there too
+    # (and, in the task that merges a group, every chunk's result)
+    attn_floats = max(((a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
+                       + a["n_heads"] // a["n_kv_heads"] * a["head_dim"] + 2 * a["head_dim"]
+                       for a in attn), default=0)
+    vec_floats = max(max_k, attn_floats)
+    act_smem = vec_floats * 4
+    acc_floats = max(-(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) *
+                     (2 if op.attrs.get("interleave") else 1) for op in mv_ops)
+    ring = tgt.smem_per_block - act_smem - acc_floats * 4 - MISC_SMEM
     max_row = max(row_bytes(program, op) for op in mv_ops)
     worst = max(mv_ops, key=lambda op: row_bytes(program, op))
     if ring < 2 * max_row:
         raise ScheduleError(f"op {worst.name!r}: one weight row is {max_row} B; two rows do not fit "
                             f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
                             f"the {act_smem} B input vector")
-    page = max(max_row, 32 * 1024)
+    page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
     page = min(-(-page // 1024) * 1024, ring // 2)
     pages = ring // page
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
-    program.config.update(page_bytes=page, ring_pages=pages, act_smem_bytes=act_smem,
-                          smem_bytes=pages * page + act_smem + MISC_SMEM)
+    program.config.update(page_bytes=page, ring_pages=pages, vec_floats=vec_floats,
+                          acc_floats=acc_floats)
     program.decide("residency", f"weight ring: {pages} pages x {page // 1024} KB = "
                    f"{pages * page // 1024} KB per SM in flight (Little's law needs "
                    f"{in_flight_needed / 1024:.0f} KB at {tgt.hbm_bandwidth / 1e12:.2f} TB/s, "
                    f"{tgt.hbm_latency_ns:.0f} ns)")
-    program.decide("residency", f"input vector in shared memory: {max_k} fp32 ({act_smem // 1024} KB)")
+    program.decide("residency", f"input vector in shared memory: {vec_floats} fp32 "
+                   f"({act_smem // 1024} KB); row sums: {acc_floats} fp32")
     # -- global buffers
     act_off = kv_off = 0
     for t in g.tensors.values():
@@ -74,6 +88,13 @@ def place(program: Program) -> Program:
             program.buffers["rope_table"] = Buffer("rope_table", act_off, seq * a["head_dim"], "fp32", "act")
             act_off += _align(seq * a["head_dim"])
             break
+    if attn:
+        a, chunks = attn[0], max(op.attrs["tile"]["chunks"] for op in g.ops() if op.opcode == "attention")
+        part = a["n_kv_heads"] * chunks * (a["n_heads"] // a["n_kv_heads"]) * (a["head_dim"] + 2)
+        # one buffer serves every layer: a layer's merge finishes before the next layer's
+        # attention can start (it waits on o_proj, which waits on the merge)
+        program.buffers["attn_partials"] = Buffer("attn_partials", act_off, part, "fp32", "act")
+        act_off += _align(part)
     lm = [op for op in g.ops() if op.attrs.get("epilogue") == "argmax"]
     if lm:
         n = lm[0].attrs["tile"]["tasks"]

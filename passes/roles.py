@@ -15,18 +15,19 @@ from __future__ import annotations
 from tilertc.passes.program import Program, ScheduleError
 
 COMPUTE_WARPS = 16
-REGS_PER_THREAD = 96
+REGS_PER_THREAD = 64  # the fewest the kernel is built to fit in
 
 
 def assign_roles(program: Program) -> Program:
-    threads = (COMPUTE_WARPS + 1) * 32
+    warps = program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
+    threads = (warps + 1) * 32
     if threads * REGS_PER_THREAD > program.target.regs_per_sm:
-        raise ScheduleError(f"{COMPUTE_WARPS} compute warps at {REGS_PER_THREAD} registers exceed "
+        raise ScheduleError(f"{warps} compute warps at {REGS_PER_THREAD} registers exceed "
                             f"the register file of {program.target.name}")
     if program.tp != 1:
         raise ScheduleError(f"--tp {program.tp}: tensor parallelism is not implemented in this "
                             "backend yet (only --tp 1)")
-    program.config.update(compute_warps=COMPUTE_WARPS, threads=threads, ctas=program.target.num_sms)
-    program.decide("roles", f"per CTA: 1 loader warp + {COMPUTE_WARPS} compute warps "
+    program.config.update(compute_warps=warps, threads=threads, ctas=program.target.num_sms)
+    program.decide("roles", f"per CTA: 1 loader warp + {warps} compute warps "
                    f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM")
     return program

@@ -7,7 +7,9 @@ Counters only grow, so nothing is reset between tokens (the epoch is the step nu
 waits only on the producers of its inputs, and of those only on ones that are not ancestors of
 another producer: release/acquire is cumulative, so seeing the later producer's signal implies
 the earlier one's writes. The embedding of step s waits on the argmax of step s - 1 (lag 1),
-which is what closes the token loop inside the kernel.
+which is what closes the token loop inside the kernel. A chunked attention op signals once per
+KV group: its chunk tasks arrive on a per-group counter and the last to arrive merges the
+group and signals.
 """
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ def synchronize(program: Program) -> Program:
     g = program.graph
     ops = g.ops()
     index = {op.name: i for i, op in enumerate(ops)}
-    ntasks = {op.name: op.attrs["tile"]["tasks"] for op in ops}
+    ntasks = {op.name: op.attrs["tile"].get("signals", op.attrs["tile"]["tasks"]) for op in ops}
     program.counters = [Counter(op.name, ntasks[op.name]) for op in ops]
+    arrive_base = {}
+    for op in ops:  # chunked attention: one arrival counter per KV group (see tiling)
+        if "chunks" in op.attrs["tile"]:
+            arrive_base[op.name] = len(program.counters)
+            program.counters += [Counter(f"{op.name}.arrivals[{g}]", op.attrs["tile"]["chunks"])
+                                 for g in range(op.attrs["tile"]["signals"])]
     ancestors = {op.name: nx.ancestors(g.nx, op.name) for op in ops}
     waits_of: dict[str, list[tuple[int, int, int]]] = {}
     for op in ops:
@@ -42,6 +50,8 @@ def synchronize(program: Program) -> Program:
     for t in program.tasks:
         t.waits = [(c, per, lag) for c, per, lag in waits_of[t.op]]
         t.signal = index[t.op]
+        if t.op in arrive_base:
+            t.arrive = arrive_base[t.op] + t.rows[0]
     program.decide("synchronization", f"{len(program.counters)} counters (one per fused op), "
                    "monotonic across steps; waits pruned to non-implied producers")
     return program

@@ -4,8 +4,11 @@ Decides the tile of each task. A matrix-vector op of R output rows is cut into
 min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
-Attention is tiled by KV head group (a task owns the query heads that share one KV head), so
-that its RoPE/qk-norm prologue and the KV-cache append stay inside one task. `embed` and
+Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
+each key is read once for all of them) and, within a group, by context chunk, so that the KV
+cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
+over the group count (capped). The chunks' partial softmax results are merged by the last
+chunk task of the group to finish, which alone signals the op. `embed` and
 `argmax` are one task each: they move a few kilobytes.
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 from tilertc.ir.graph import DTYPE_BYTES
 from tilertc.passes.program import Program, Task, WeightSegment
+
+MAX_ATTENTION_CHUNKS = 32
 
 
 def row_bytes(program: Program, op) -> int:
@@ -58,13 +63,19 @@ def tile(program: Program) -> Program:
                            f"{rows // n}-{-(-rows // n)} rows")
         elif op.opcode == "attention":
             a = op.attrs
+            groups, heads = a["n_kv_heads"], a["n_heads"] // a["n_kv_heads"]
+            chunks = max(1, min(MAX_ATTENTION_CHUNKS, sms // groups))
             seq = g.attrs["max_seq_len"]
-            kv_bytes = 2 * seq * a["head_dim"] * 2  # K and V rows of one head at full context
-            for i in range(a["n_kv_heads"]):
-                program.tasks.append(Task(op.name, op.opcode, i, (i, i + 1), other_bytes=kv_bytes))
-            op.attrs["tile"] = {"tasks": a["n_kv_heads"], "heads_per_task": a["n_heads"] // a["n_kv_heads"]}
-            program.decide("tiling", f"{op.name}: one task per KV head ({a['n_kv_heads']} tasks, "
-                           f"{a['n_heads'] // a['n_kv_heads']} query heads each)")
+            kv_bytes = 2 * -(-seq // chunks) * a["head_dim"] * 2  # K and V of a chunk at full context
+            for gi in range(groups):
+                for c in range(chunks):
+                    program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
+                                              other_bytes=kv_bytes))
+            op.attrs["tile"] = {"tasks": groups * chunks, "chunks": chunks, "signals": groups,
+                                "heads_per_task": heads}
+            program.decide("tiling", f"{op.name}: {groups} KV groups ({heads} query heads each) x "
+                           f"{chunks} context chunks = {groups * chunks} tasks; the last chunk of a "
+                           "group to finish merges it")
         else:
             program.tasks.append(Task(op.name, op.opcode, 0, (0, 1)))
             op.attrs["tile"] = {"tasks": 1}

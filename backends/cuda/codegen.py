@@ -18,7 +18,7 @@ from tilertc.passes.program import Program, ScheduleError
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
 MISC_FLOATS = 1024  # decode.cuh: Shared::red
-FLAG_BYTES = 16
+FLAG_BYTES = 32
 
 
 def constants(program: Program) -> dict[str, object]:
@@ -27,12 +27,12 @@ def constants(program: Program) -> dict[str, object]:
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]
     if hd % 2:
         raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
-    max_k = max(cfg["act_smem_bytes"] // 4, 2 * group * hd + 3 * hd + group)
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "RING_PAGES": cfg["ring_pages"],
         "PAGE_BYTES": cfg["page_bytes"],
-        "MAX_K": -(-max_k // 4) * 4,
+        "MAX_K": -(-cfg["vec_floats"] // 4) * 4,
+        "ACC_FLOATS": -(-cfg["acc_floats"] // 4) * 4,
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
         "N_HEADS": attn["n_heads"],
@@ -49,7 +49,8 @@ def constants(program: Program) -> dict[str, object]:
 def smem_bytes(consts: dict[str, object]) -> int:
     """Dynamic shared memory of the kernel: decode.cuh's `carve` layout."""
     ring = int(consts["RING_PAGES"]) * int(consts["PAGE_BYTES"])
-    return ring + 4 * int(consts["MAX_K"]) + 4 * MISC_FLOATS + 16 * int(consts["RING_PAGES"]) + FLAG_BYTES
+    floats = int(consts["MAX_K"]) + MISC_FLOATS + int(consts["ACC_FLOATS"])
+    return ring + 4 * floats + 16 * int(consts["RING_PAGES"]) + FLAG_BYTES
 
 
 def emit_source(program: Program) -> str:

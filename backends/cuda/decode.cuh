@@ -17,7 +17,7 @@ enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
   F_OPCODE, F_EPILOGUE, F_ROW0, F_ROW1, F_K, F_IN, F_OUT, F_AUX, F_AUX2, F_W_LO, F_W_HI,
   F_ROW_BYTES, F_WAIT0, F_WAIT0_N, F_WAIT1, F_WAIT1_N, F_SIGNAL, F_KCACHE, F_VCACHE, F_EPS,
-  F_SCALE, F_COUNT, F_PAD0, F_PAD1, TASK_FIELDS
+  F_SCALE, F_COUNT, F_CHUNK, F_ARRIVE, F_AUX3, F_PAD, TASK_FIELDS
 };
 constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
 
@@ -38,6 +38,8 @@ struct Params {
   int* status;                 // [STATUS_WORDS] error code, where, steps done
   long long first_token, start_pos, n_steps, eos_token, rope_offset, sampler_counter;
   long long watchdog_ns;
+  unsigned long long* profile;  // null, or [profile_steps][n_tasks][3] globaltimer stamps
+  long long profile_steps, n_tasks;
 };
 enum Status : int { ST_ERROR, ST_ERROR_SM, ST_ERROR_TASK, ST_ERROR_COUNTER, ST_STOP, ST_STEPS, STATUS_WORDS };
 enum ErrorCode : int { ERR_NONE = 0, ERR_WATCHDOG = 1, ERR_BAD_TOKEN = 2, ERR_CONTEXT = 3 };
@@ -103,9 +105,10 @@ struct Shared {
   uint8_t* ring;         // RING_PAGES x PAGE_BYTES weight pages
   float* vec;            // MAX_K fp32: the input vector of a task (attention: q/k/v heads)
   float* red;            // reduction scratch, MISC_FLOATS
+  float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: compute is done with the page
-  volatile int* flags;   // [0] quit, [1] pages consumed, [2] broadcast
+  volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users)
 };
 constexpr int MISC_FLOATS = 1024;
 
@@ -114,7 +117,8 @@ __device__ __forceinline__ Shared carve(uint8_t* base) {
   s.ring = base;
   s.vec = reinterpret_cast<float*>(base + RING_PAGES * PAGE_BYTES);
   s.red = s.vec + MAX_K;
-  s.full = reinterpret_cast<uint64_t*>(s.red + MISC_FLOATS);
+  s.acc = s.red + MISC_FLOATS;
+  s.full = reinterpret_cast<uint64_t*>(s.acc + ACC_FLOATS);
   s.empty = s.full + RING_PAGES;
   s.flags = reinterpret_cast<volatile int*>(s.empty + RING_PAGES);
   return s;
@@ -209,16 +213,20 @@ __device__ void signal_done(const Params& p, const int* t) {
 
 // ---- compute: matrix-vector tasks ----------------------------------------------------------
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
-// weight pages: warp w takes rows w, w + COMPUTE_WARPS, ... of each page, lanes split a row in
-// 16-byte pieces, fp32 accumulation.
+// weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
+// share each row, each taking a contiguous segment of it, so that every warp has work even
+// when a page holds fewer rows than there are warps. Lanes read 16-byte pieces; fp32
+// accumulation; the segments' sums meet in shared memory and the epilogue runs per row at the
+// end of the task.
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
-  const int k = t[F_K];
-  const float* x = p.act + t[F_IN];
+  const int k4 = t[F_K] / 4;
+  const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  float4* v = reinterpret_cast<float4*>(s.vec);
   float ss = 0.f;
-  for (int i = ct; i < k; i += COMPUTE_WARPS * 32) {
-    const float v = __ldcg(x + i);
-    s.vec[i] = v;
-    ss += v * v;
+  for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
+    const float4 a = __ldcg(x + i);
+    v[i] = a;
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
   }
   if (t[F_OPCODE] != OP_NORM_MATVEC) {
     compute_sync();
@@ -230,15 +238,21 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   float total = 0.f;
 #pragma unroll
   for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
-  const float rstd = rsqrtf(total / k + __int_as_float(t[F_EPS]));
-  const float* gamma = p.act + t[F_AUX];
-  for (int i = ct; i < k; i += COMPUTE_WARPS * 32) s.vec[i] *= rstd * __ldcg(gamma + i);
+  const float rstd = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
+  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
+  for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
+    const float4 g = __ldcg(gamma + i);
+    float4 a = v[i];
+    a.x *= rstd * g.x; a.y *= rstd * g.y; a.z *= rstd * g.z; a.w *= rstd * g.w;
+    v[i] = a;
+  }
   compute_sync();
 }
 
-__device__ __forceinline__ float dot_row(const uint4* w, const float* x, int k, int lane) {
+// Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
+__device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
   float acc = 0.f;
-  for (int i = lane; i < k / 8; i += 32) {
+  for (int i = begin + lane; i < end; i += 32) {
     const uint4 q = w[i];
     const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
     const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
@@ -254,34 +268,33 @@ __device__ __forceinline__ float dot_row(const uint4* w, const float* x, int k, 
   return warp_sum(acc);
 }
 
+__device__ __forceinline__ int warps_per_row(int rows_in_page) {
+  int wpr = 1;
+  while (wpr * 2 * rows_in_page <= COMPUTE_WARPS) wpr *= 2;
+  return wpr;
+}
+
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
-  stage_vector(p, s, t, ct);
   const int warp = ct >> 5, lane = ct & 31;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-  const int k = t[F_K], epi = t[F_EPILOGUE];
-  float* out = p.act + t[F_OUT];
-  float best = -INFINITY;
-  int best_row = 0x7fffffff;
+  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
+  for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+  stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+  const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
+  const int my_seg = warp % wpr, begin = my_seg * seg, end = min(k8, begin + seg);
   for (int r = 0; r < rows; r += rpp) {
     const int slot = consumed % RING_PAGES;
     while (!mbar_try_wait(&s.full[slot], (consumed / RING_PAGES) & 1)) {
     }
     const uint8_t* page = s.ring + slot * PAGE_BYTES;
     const int n = min(rpp, rows - r);
-    for (int rr = warp; rr < n; rr += COMPUTE_WARPS) {
+    for (int rr = warp / wpr; rr < n; rr += COMPUTE_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
-      const int row = row0 + r + rr;
-      float y = dot_row(w, s.vec, k, lane);
-      if (epi == EPI_SILU_MUL) {
-        const float up = dot_row(w + k / 8, s.vec, k, lane);
-        y = y / (1.f + __expf(-y)) * up;
-      }
-      if (t[F_OPCODE] == OP_MATVEC_ADD) y += __ldcg(p.act + t[F_AUX] + row);
-      if (lane == 0) {
-        __stcg(out + row, y);
-        if (epi == EPI_ARGMAX && (y > best || (y == best && row < best_row))) {
-          best = y;
-          best_row = row;
+      for (int h = 0; h < halves; ++h) {
+        const float y = dot_segment(w + h * k8, s.vec, begin, end, lane);
+        if (lane == 0) {
+          if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
+          else atomicAdd(&s.acc[(r + rr) * halves + h], y);
         }
       }
     }
@@ -289,33 +302,62 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     if (lane == 0) mbar_arrive(&s.empty[slot]);
     ++consumed;
   }
-  if (epi == EPI_ARGMAX) {  // this task's (max, row) for the argmax op
-    if (lane == 0) {
-      s.red[2 * warp] = best;
-      s.red[2 * warp + 1] = __int_as_float(best_row);
+  compute_sync();
+  float* out = p.act + t[F_OUT];
+  float best = -INFINITY;
+  int best_row = 0x7fffffff;
+  for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
+    float y = s.acc[i * halves];
+    if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1];
+    if (t[F_OPCODE] == OP_MATVEC_ADD) y += __ldcg(p.act + t[F_AUX] + row0 + i);
+    __stcg(out + row0 + i, y);
+    if (y > best) {  // rows visited in increasing order: the first maximum wins ties
+      best = y;
+      best_row = row0 + i;
     }
-    compute_sync();
-    if (ct == 0) {
-      for (int w = 1; w < COMPUTE_WARPS; ++w) {
-        const float v = s.red[2 * w];
-        const int i = __float_as_int(s.red[2 * w + 1]);
-        if (v > best || (v == best && i < best_row)) {
-          best = v;
-          best_row = i;
-        }
+  }
+  if (epi != EPI_ARGMAX) return;
+  // This task's (max, row) for the argmax op: reduce over lanes, then over warps.
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i = __shfl_xor_sync(0xffffffffu, best_row, o);
+    if (v > best || (v == best && i < best_row)) {
+      best = v;
+      best_row = i;
+    }
+  }
+  if (lane == 0) {
+    s.red[2 * warp] = best;
+    s.red[2 * warp + 1] = __int_as_float(best_row);
+  }
+  compute_sync();
+  if (ct == 0) {
+    for (int w = 1; w < COMPUTE_WARPS; ++w) {
+      const float v = s.red[2 * w];
+      const int i = __float_as_int(s.red[2 * w + 1]);
+      if (v > best || (v == best && i < best_row)) {
+        best = v;
+        best_row = i;
       }
-      __stcg(p.act + t[F_AUX2], best);
-      __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
     }
+    __stcg(p.act + t[F_AUX2], best);
+    __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
   }
 }
 
-// ---- compute: attention of one KV group --------------------------------------------------
-// Prologue: stage the group's query heads and its key/value head, qk-norm (if the model has it)
-// and RoPE, append key and value to the cache. Then each warp runs an online softmax over a
-// strided share of the context for all GROUP query heads at once (each key read once), and
-// the warps' partial results are merged in shared memory.
+// ---- compute: attention, one context chunk of one KV group --------------------------------
+// The context of a KV group is cut into F_COUNT chunks at run time (the context grows every
+// step), one task each, on different SMs. Every chunk task stages the group's query heads and
+// applies qk-norm (if the model has it) and RoPE; the last chunk, which holds the current
+// position, also does so for the new key and appends key and value to the cache. Each warp
+// runs an online softmax over a strided share of the chunk for all GROUP query heads at once
+// (each key read once), the warps merge in shared memory, and the chunk's (max, sum, output)
+// goes to global scratch. The last chunk task of the group to finish merges all chunks and
+// is the one that signals the attention op.
 constexpr int DPL = (HEAD_DIM + 31) / 32;  // head dims per lane; lane l owns [l*DPL, l*DPL+DPL)
+constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: out, max, sum
+constexpr int KEYS_IN_FLIGHT = 4;
 __device__ __forceinline__ bool owns(int lane, int j) { return lane * DPL + j < HEAD_DIM; }
 
 __device__ void norm_and_rope(const Params& p, float* v, const float* gamma, long long pos, int lane) {
@@ -338,31 +380,39 @@ __device__ void norm_and_rope(const Params& p, float* v, const float* gamma, lon
   __syncwarp();
 }
 
-__device__ void run_attention(const Params& p, Shared& s, const int* t, long long pos, int ct) {
-  const int warp = ct >> 5, lane = ct & 31, g = t[F_ROW0];
+// Returns whether this task signals the op (it was the group's last chunk to finish).
+__device__ bool run_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
+  const bool last_chunk = c == chunks - 1;
+  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   const float* qkv = p.act + t[F_IN];
   float* q = s.vec;                       // [GROUP][HEAD_DIM]
   float* kv = s.vec + GROUP * HEAD_DIM;   // [2][HEAD_DIM]
+  float* out = kv + 2 * HEAD_DIM;         // [GROUP][HEAD_DIM + 2]: sums, then max and l
   for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) q[i] = __ldcg(qkv + g * GROUP * HEAD_DIM + i);
-  for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
-    kv[i] = __ldcg(qkv + (N_HEADS + g) * HEAD_DIM + i);
-    kv[HEAD_DIM + i] = __ldcg(qkv + (N_HEADS + N_KV_HEADS + g) * HEAD_DIM + i);
-  }
+  if (last_chunk)
+    for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
+      kv[i] = __ldcg(qkv + (N_HEADS + g) * HEAD_DIM + i);
+      kv[HEAD_DIM + i] = __ldcg(qkv + (N_HEADS + N_KV_HEADS + g) * HEAD_DIM + i);
+    }
+  for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) out[i] = 0.f;
   compute_sync();
   for (int v = warp; v <= GROUP; v += COMPUTE_WARPS) {  // vectors 0..GROUP-1: queries; GROUP: key
     const bool is_key = v == GROUP;
+    if (is_key && !last_chunk) continue;
     norm_and_rope(p, is_key ? kv : q + v * HEAD_DIM, p.act + (is_key ? t[F_AUX2] : t[F_AUX]), pos, lane);
   }
   compute_sync();
   __nv_bfloat16* kc = p.kv + t[F_KCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
   __nv_bfloat16* vc = p.kv + t[F_VCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
-  for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
-    kc[pos * HEAD_DIM + i] = __float2bfloat16(kv[i]);
-    vc[pos * HEAD_DIM + i] = __float2bfloat16(kv[HEAD_DIM + i]);
+  if (last_chunk) {
+    for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
+      kc[pos * HEAD_DIM + i] = __float2bfloat16(kv[i]);
+      vc[pos * HEAD_DIM + i] = __float2bfloat16(kv[HEAD_DIM + i]);
+    }
+    __threadfence_block();
+    compute_sync();
   }
-  __threadfence_block();
-  compute_sync();
-
   const float scale = __int_as_float(t[F_SCALE]);
   float qr[GROUP][DPL], acc[GROUP][DPL], m[GROUP], l[GROUP];
 #pragma unroll
@@ -375,32 +425,40 @@ __device__ void run_attention(const Params& p, Shared& s, const int* t, long lon
       acc[h][j] = 0.f;
     }
   }
-  for (long long key = warp; key <= pos; key += COMPUTE_WARPS) {
-    float kr[DPL], vr[DPL];
+  // Keys are taken KEYS_IN_FLIGHT at a time per warp, loads first, so that their latencies overlap.
+  for (long long base = k0 + warp; base < k1; base += KEYS_IN_FLIGHT * COMPUTE_WARPS) {
+    float kr[KEYS_IN_FLIGHT][DPL], vr[KEYS_IN_FLIGHT][DPL];
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) {
-      kr[j] = owns(lane, j) ? __bfloat162float(__ldcg(kc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
-      vr[j] = owns(lane, j) ? __bfloat162float(__ldcg(vc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
+    for (int u = 0; u < KEYS_IN_FLIGHT; ++u) {
+      const long long key = base + u * COMPUTE_WARPS;
+#pragma unroll
+      for (int j = 0; j < DPL; ++j) {
+        const bool on = key < k1 && owns(lane, j);
+        kr[u][j] = on ? __bfloat162float(__ldcg(kc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
+        vr[u][j] = on ? __bfloat162float(__ldcg(vc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
+      }
     }
 #pragma unroll
-    for (int h = 0; h < GROUP; ++h) {
-      float sc = 0.f;
+    for (int u = 0; u < KEYS_IN_FLIGHT; ++u) {
+      if (base + u * COMPUTE_WARPS >= k1) break;
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) sc = fmaf(qr[h][j], kr[j], sc);
-      sc = warp_sum(sc);
-      const float mn = fmaxf(m[h], sc), corr = __expf(m[h] - mn), e = __expf(sc - mn);
-      l[h] = l[h] * corr + e;
+      for (int h = 0; h < GROUP; ++h) {
+        float sc = 0.f;
 #pragma unroll
-      for (int j = 0; j < DPL; ++j) acc[h][j] = acc[h][j] * corr + e * vr[j];
-      m[h] = mn;
+        for (int j = 0; j < DPL; ++j) sc = fmaf(qr[h][j], kr[u][j], sc);
+        sc = warp_sum(sc);
+        const float mn = fmaxf(m[h], sc), corr = __expf(m[h] - mn), e = __expf(sc - mn);
+        l[h] = l[h] * corr + e;
+#pragma unroll
+        for (int j = 0; j < DPL; ++j) acc[h][j] = acc[h][j] * corr + e * vr[u][j];
+        m[h] = mn;
+      }
     }
   }
-  // Merge the warps: global max per head, then rescaled sums accumulated in shared memory.
-  float* wm = s.red;                        // [COMPUTE_WARPS][GROUP]
-  float* out = kv + 2 * HEAD_DIM;           // [GROUP][HEAD_DIM + 1]: sums, then l
+  // Merge the warps: the chunk's max per head, then rescaled sums accumulated in shared memory.
+  float* wm = s.red;  // [COMPUTE_WARPS][GROUP]
   if (lane == 0)
     for (int h = 0; h < GROUP; ++h) wm[warp * GROUP + h] = m[h];
-  for (int i = ct; i < GROUP * (HEAD_DIM + 1); i += COMPUTE_WARPS * 32) out[i] = 0.f;
   compute_sync();
 #pragma unroll
   for (int h = 0; h < GROUP; ++h) {
@@ -409,15 +467,43 @@ __device__ void run_attention(const Params& p, Shared& s, const int* t, long lon
     const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - mx);
 #pragma unroll
     for (int j = 0; j < DPL; ++j)
-      if (owns(lane, j)) atomicAdd(&out[h * (HEAD_DIM + 1) + lane * DPL + j], acc[h][j] * f);
-    if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 1) + HEAD_DIM], l[h] * f);
+      if (owns(lane, j)) atomicAdd(&out[h * (HEAD_DIM + 2) + lane * DPL + j], acc[h][j] * f);
+    if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 2) + HEAD_DIM + 1], l[h] * f);
+    if (ct == 0) out[h * (HEAD_DIM + 2) + HEAD_DIM] = mx;
   }
+  compute_sync();
+  float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * PART;
+  for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) __stcg(parts + c * PART + i, out[i]);
+  // Arrive on the group's counter; the last of the step's `chunks` arrivals merges.
+  compute_sync();
+  if (ct == 0) {
+    __threadfence();
+    const unsigned before = atomicAdd(&p.counters[t[F_ARRIVE] + g], 1u);
+    __threadfence();
+    s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
+  }
+  compute_sync();
+  if (!s.flags[4]) return false;
+  // Merge the group's chunks: stage all their results in shared memory at once, then combine.
+  float* all = out + PART;  // [chunks][PART]
+  for (int i = ct; i < chunks * PART; i += COMPUTE_WARPS * 32) all[i] = __ldcg(parts + i);
   compute_sync();
   float* o = p.act + t[F_OUT] + g * GROUP * HEAD_DIM;
   for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) {
     const int h = i / HEAD_DIM, d = i % HEAD_DIM;
-    __stcg(o + i, out[h * (HEAD_DIM + 1) + d] / out[h * (HEAD_DIM + 1) + HEAD_DIM]);
+    float mx = -INFINITY;
+    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, all[k * PART + h * (HEAD_DIM + 2) + HEAD_DIM]);
+    float num = 0.f, den = 0.f;
+    for (int k = 0; k < chunks; ++k) {
+      const float* pk = all + k * PART + h * (HEAD_DIM + 2);
+      if (pk[HEAD_DIM] == -INFINITY) continue;  // an empty chunk (context shorter than the chunk count)
+      const float f = __expf(pk[HEAD_DIM] - mx);
+      num += pk[d] * f;
+      den += pk[HEAD_DIM + 1] * f;
+    }
+    __stcg(o + i, num / den);
   }
+  return true;
 }
 
 // ---- compute: embedding and sampling -------------------------------------------------------
@@ -467,24 +553,30 @@ __device__ void run_compute(const Params& p, Shared& s) {
     const long long pos = p.start_pos + step;
     if (step > 0) {  // every CTA learns from the previous token's sampler whether to go on
       ok = wait_counter(p, static_cast<int>(p.sampler_counter), static_cast<unsigned>(step), -1);
-      if (ct == 0) s.flags[2] = ok && *reinterpret_cast<volatile int*>(&p.status[ST_STOP]) == 0;
+      if (ct == 0) s.flags[3] = ok && *reinterpret_cast<volatile int*>(&p.status[ST_STOP]) == 0;
       compute_sync();
-      ok = s.flags[2];
+      ok = s.flags[3];
       if (!ok) break;
     }
     for (int i = begin; i < end && ok; ++i) {
       const int id = p.stream_tasks[i];
       const int* t = task_row(p, id);
+      unsigned long long* stamp =
+          p.profile && step < p.profile_steps && ct == 0 ? p.profile + (step * p.n_tasks + id) * 3 : nullptr;
+      if (stamp) stamp[0] = now_ns();
       ok = wait_deps(p, s, t, step, id);
+      if (stamp) stamp[1] = now_ns();
       if (!ok) break;
+      bool signal = true;
       switch (t[F_OPCODE]) {
         case OP_EMBED: ok = run_embed(p, t, step, ct); break;
         case OP_NORM_MATVEC:
         case OP_MATVEC_ADD: run_matvec(p, s, t, consumed, ct); break;
-        case OP_ATTENTION: run_attention(p, s, t, pos, ct); break;
+        case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, ct); break;
         case OP_ARGMAX: run_argmax(p, t, step, ct); break;
       }
-      signal_done(p, t);
+      if (signal) signal_done(p, t);
+      if (stamp) stamp[2] = now_ns();
     }
   }
   compute_sync();

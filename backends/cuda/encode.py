@@ -15,7 +15,7 @@ OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argma
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
 FIELDS = ("opcode", "epilogue", "row0", "row1", "k", "in", "out", "aux", "aux2", "w_lo", "w_hi",
           "row_bytes", "wait0", "wait0_n", "wait1", "wait1_n", "signal", "kcache", "vcache", "eps",
-          "scale", "count", "pad0", "pad1")
+          "scale", "count", "chunk", "arrive", "aux3", "pad")
 LAG_SHIFT = 24
 INT32_MAX = 2**31 - 1
 
@@ -57,7 +57,9 @@ def encode_task(program: Program, t: Task) -> list[int]:
         kc, vc = op.inputs[-2:]
         row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
                    kcache=_offset(program, kc), vcache=_offset(program, vc),
-                   scale=_f32_bits(a["scale"]))
+                   scale=_f32_bits(a["scale"]), count=a["tile"]["chunks"],
+                   chunk=t.index % a["tile"]["chunks"], arrive=t.arrive - t.rows[0],
+                   aux3=_offset(program, "attn_partials"))
         if norms:
             row.update(aux=_offset(program, norms[0]), aux2=_offset(program, norms[1]))
     elif t.opcode == "embed":

@@ -1,0 +1,248 @@
+"""`tilertc compile` and `tilertc run` on a machine with nvcc and no GPU.
+
+`compile` is exercised for real (tiny models, a second or so of nvcc each). `run` is checked up
+to the GPU: its argument and prompt errors, the clean no-GPU error, and, with a stand-in for
+the engine, the streaming of ids and text, the EOS default, the rate line and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner, Result
+
+from tilertc.artifact import check_artifact, read_manifest
+from tilertc.backends.cuda import codegen
+from tilertc.cli import main
+from tilertc.engine import Engine
+from tilertc.token_stream import TextStream
+
+SEQ = 64
+
+try:
+    codegen.find_nvcc()
+except FileNotFoundError:
+    pytest.skip("nvcc is needed to compile", allow_module_level=True)
+
+
+def cli(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "llama-tiny"
+    result = cli("compile", "llama-tiny", "-o", str(out), "--max-seq-len", str(SEQ))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+# -- compile --------------------------------------------------------------------------------
+def test_compile_writes_a_checked_artifact_and_reports_it(artifact: Path) -> None:
+    m = check_artifact(artifact)
+    assert m["max_seq_len"] == SEQ and m["target"]["arch"] == "sm_90a"
+    result = cli("compile", "llama-tiny", "-o", str(artifact), "--max-seq-len", str(SEQ))
+    assert result.exit_code == 0
+    for stage in ("scheduling", "emitting CUDA source", "compiling with nvcc for sm_90a"):
+        assert stage in result.stderr
+    for fact in (str(artifact), "registers/thread", "no spills", "/token by the cost model"):
+        assert fact in result.stdout
+
+
+def test_compile_for_another_target(tmp_path: Path) -> None:
+    result = cli("compile", "qwen3-tiny", "-o", str(tmp_path), "--target", "B200")
+    assert result.exit_code == 0, result.output
+    m = check_artifact(tmp_path)
+    assert m["target"] == {"name": "b200", "arch": "sm_100a", "num_sms": 148}
+    assert m["max_seq_len"] == 2048  # the tiny config's max_position_embeddings (< 4096)
+
+
+def test_compile_with_overrides(tmp_path: Path) -> None:
+    result = cli("compile", "llama-tiny", "-o", str(tmp_path), "--set", "num_hidden_layers=1")
+    assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path)["model"]["spec"]["num_layers"] == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--target", "a100"], "Invalid value for '--target'"),
+    (["--backend", "tilelang"], "Invalid value for '--backend'"),
+    (["--max-seq-len", "100000"], "exceeds the model's max_position_embeddings 2048"),
+    (["--set", "hidden_size"], "expected KEY=VALUE"),
+])
+def test_compile_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+    result = cli("compile", "llama-tiny", "-o", str(tmp_path), *args)
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "manifest.json").exists()
+
+
+def test_compile_unknown_model(tmp_path: Path) -> None:
+    result = cli("compile", "llama-tinyy", "-o", str(tmp_path))
+    assert result.exit_code == 1 and "did you mean llama-tiny" in result.output
+
+
+def test_compile_a_model_the_backend_cannot_schedule(tmp_path: Path) -> None:
+    result = cli("compile", "qwen3-moe-tiny", "-o", str(tmp_path))
+    assert result.exit_code == 1 and "Error:" in result.output
+    assert "failed: scheduling" in result.stderr
+
+
+def test_compile_without_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> str:
+        raise FileNotFoundError("nvcc not found: install the CUDA toolkit")
+
+    monkeypatch.setattr(codegen, "find_nvcc", missing)
+    result = cli("compile", "llama-tiny", "-o", str(tmp_path))
+    assert result.exit_code == 1 and "Error: nvcc not found" in result.output
+
+
+# -- run: errors before the GPU -------------------------------------------------------------
+@pytest.mark.parametrize(("args", "message"), [
+    (["--prompt-ids", "1"], "exactly one of --weights and --random-weights"),
+    (["--random-weights"], "exactly one of --prompt and --prompt-ids"),
+    (["--random-weights", "--prompt", "hi", "--prompt-ids", "1"], "exactly one of --prompt"),
+])
+def test_run_usage_errors(artifact: Path, args: list[str], message: str) -> None:
+    result = cli("run", str(artifact), *args)
+    assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--prompt", "hello"], "--prompt needs a tokenizer, and there is none with --random-weights; "
+                            "pass token ids with --prompt-ids"),
+    (["--prompt-ids", "1,x"], "comma-separated integers"),
+    (["--prompt-ids", "1,256"], "must be in [0, 256)"),
+    (["--prompt-ids", ",".join(["1"] * (SEQ + 1))], f"a prompt of {SEQ + 1} tokens at position 0 "
+                                                   f"exceeds the KV capacity of {SEQ} positions"),
+    (["--prompt-ids", "1,2", "--max-new-tokens", str(SEQ)], "at most 63 new tokens fit"),
+])
+def test_run_prompt_errors(artifact: Path, args: list[str], message: str) -> None:
+    result = cli("run", str(artifact), "--random-weights", *args)
+    assert result.exit_code == 1 and message in result.output
+
+
+def test_run_on_a_directory_that_is_no_artifact(tmp_path: Path) -> None:
+    result = cli("run", str(tmp_path), "--random-weights", "--prompt-ids", "1")
+    assert result.exit_code == 1 and "not a tilertc artifact" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message on a machine without a GPU")
+def test_run_without_a_gpu(artifact: Path) -> None:
+    result = cli("run", str(artifact), "--random-weights", "--prompt-ids", "1,2,3")
+    assert result.exit_code == 1 and "Error: no CUDA GPU is available" in result.output
+
+
+# -- run: streaming, with a stand-in engine --------------------------------------------------
+class StandInEngine:
+    """Yields fixed tokens like Engine.generate; with `interrupt_after`, sends itself SIGINT
+    after that many tokens, and honours `stop` as the kernel does (after the token in flight)."""
+
+    def __init__(self, tokens: list[int], interrupt_after: int | None = None) -> None:
+        self.tokens, self.interrupt_after = tokens, interrupt_after
+        self.stopped = False
+        self.calls: list[tuple[list[int], int, int | None]] = []
+
+    def generate(self, ids: list[int], max_new_tokens: int,
+                 eos_token_id: int | None = None) -> Iterator[int]:
+        self.calls.append((list(ids), max_new_tokens, eos_token_id))
+        for n, token in enumerate(self.tokens[:max_new_tokens], start=1):
+            if self.stopped:
+                return
+            yield token
+            if n == self.interrupt_after:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+@pytest.fixture
+def stand_in(monkeypatch: pytest.MonkeyPatch):
+    def install(engine: StandInEngine) -> list[dict]:
+        loads: list[dict] = []
+
+        def load(artifact, **kwargs):
+            loads.append(kwargs)
+            return engine
+
+        monkeypatch.setattr(Engine, "load", load)
+        return loads
+
+    return install
+
+
+def test_run_streams_ids_and_reports_the_rate(artifact: Path, stand_in) -> None:
+    engine = StandInEngine([5, 6, 7, 8])
+    loads = stand_in(engine)
+    result = cli("run", str(artifact), "--random-weights", "--seed", "3", "--prompt-ids", "1, 2,3",
+                 "--max-new-tokens", "3", "--eos-id", "9", "--device", "cuda:1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "5 6 7 \n"
+    assert engine.calls == [([1, 2, 3], 3, 9)]
+    assert loads == [{"weights": None, "device": "cuda:1", "random_seed": 3}]
+    assert "3 tokens in" in result.stderr and "tokens/s/user" in result.stderr
+
+
+def test_ctrl_c_stops_after_the_token_in_flight(artifact: Path, stand_in) -> None:
+    engine = StandInEngine(list(range(10, 20)), interrupt_after=2)
+    stand_in(engine)
+    handler = signal.getsignal(signal.SIGINT)
+    result = cli("run", str(artifact), "--random-weights", "--prompt-ids", "1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "10 11 \n" and engine.stopped
+    assert "2 tokens in" in result.stderr and "stopped by Ctrl-C" in result.stderr
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+@pytest.fixture
+def tokenizer_dir(tmp_path: Path) -> Path:
+    """A word-level tokenizer saved as a Hugging Face model directory would hold it."""
+    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("transformers")
+    vocab = {w: i for i, w in enumerate(["<unk>", "</s>", "hello", "world", "again", "and"])}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.decoder = tokenizers.decoders.WordPiece()  # joins words with spaces
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "unk_token": "<unk>"}))
+    return folder
+
+
+def test_run_streams_text_with_the_weights_tokenizer(artifact: Path, stand_in,
+                                                     tokenizer_dir: Path) -> None:
+    engine = StandInEngine([4, 3, 2, 1])
+    stand_in(engine)
+    result = cli("run", str(artifact), "--weights", str(tokenizer_dir), "--prompt", "hello world")
+    assert result.exit_code == 0, result.output
+    assert engine.calls == [([2, 3], SEQ - 1, 1)]  # what fits; EOS from the tokenizer
+    assert result.stdout == "hello world again world hello\n"  # EOS itself is not printed
+
+
+def test_run_tokenizer_without_transformers(artifact: Path, tokenizer_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "transformers", None)
+    result = cli("run", str(artifact), "--weights", str(tokenizer_dir), "--prompt-ids", "2")
+    assert result.exit_code == 1 and "transformers is not installed" in result.output
+
+
+class BytesTokenizer:
+    """One token per UTF-8 byte, decoded as transformers does (invalid bytes become U+FFFD)."""
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_stream_holds_back_incomplete_characters() -> None:
+    stream = TextStream(BytesTokenizer(), list("ü".encode()))
+    pieces = [stream.push(b) for b in "aé€".encode()]
+    assert stream.prompt_text == "ü" and pieces == ["a", "", "é", "", "", "€"]
