@@ -1,0 +1,305 @@
+"""Tile semantics: what one task of each fused opcode reads, writes and computes.
+
+The schedule verifier (`verify.py`) needs every task described twice, and the two must agree:
+
+- `accesses(program, task, pos)`: the buffer regions the task reads and writes, in the order
+  the kernel does them. The verifier derives dependencies and hazards from these alone, so
+  they are all it needs for a full-size model.
+- `compute(ctx, task)`: the task's numbers. It reads and writes only through `ctx`, which
+  refuses any region the task did not declare, and it computes by calling the interpreter's
+  semantics (`ir/interpreter.py` SEMANTICS) of the fused op's constituent ops on the task's
+  slice: a task of rows [r0, r1) runs `linear` on those weight rows, an attention chunk runs
+  `rope`/`head_rms_norm`/`kv_append`/`attention` on its KV group's heads with the attrs sliced
+  to match. The only math here that the interpreter does not have is the merge of context
+  chunks (log-sum-exp weights).
+
+Ops whose tasks arrive on a per-group counter (chunked attention) are merged by whichever
+chunk of a group arrives last; that merge is described by `merge_accesses` and `merge_compute`.
+
+Buffers are the graph's tensors by name, plus the program's scratch buffers and `tokens` (row p
+holds the input token of position p: the host writes the first, the argmax of position p - 1
+each next one, as the kernel keeps them). Per-step buffers are flat; KV caches and `tokens` are
+row buffers (one row per position) accessed by row range.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from tilertc.ir.graph import Op
+from tilertc.ir.interpreter import SEMANTICS, Step
+from tilertc.passes.program import Program, Task
+
+
+@dataclass(frozen=True)
+class Access:
+    """Elements [lo, hi) of `buffer` (of each row in `rows`, for row buffers)."""
+
+    write: bool
+    buffer: str
+    lo: int
+    hi: int
+    rows: tuple[int, int] | None = None
+
+
+def read(buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> Access:
+    return Access(False, buffer, lo, hi, rows)
+
+
+def write(buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> Access:
+    return Access(True, buffer, lo, hi, rows)
+
+
+class Context(Protocol):
+    """What `compute` may use: the verifier's memory, the weights, the unfused graph."""
+
+    program: Program
+    pos: int
+    step: int
+    istep: Step  # the interpreter's view of the step: positions [pos]
+
+    def read(self, buffer: str, lo: int, hi: int,
+             rows: tuple[int, int] | None = None) -> torch.Tensor: ...
+
+    def write(self, buffer: str, lo: int, values: torch.Tensor, row: int | None = None) -> None: ...
+
+    def weight(self, name: str) -> torch.Tensor: ...
+
+    def source(self, name: str) -> Op: ...
+
+
+Accesses = Callable[[Program, Task, int], list[Access]]
+Compute = Callable[[Context, Task], None]
+MergeAccesses = Callable[[Program, Op, int, int], list[Access]]
+MergeCompute = Callable[[Context, Op, int], None]
+
+
+@dataclass(frozen=True)
+class TaskKind:
+    accesses: Accesses
+    compute: Compute
+    merge_accesses: MergeAccesses | None = None
+    merge_compute: MergeCompute | None = None
+
+
+KINDS: dict[str, TaskKind] = {}
+
+
+def run(opcode: str, op: Op, ins: list[torch.Tensor], ctx: Context, **attrs: object) -> torch.Tensor:
+    """The interpreter's semantics of `opcode` on `op` with some attrs replaced (a slice)."""
+    if attrs:
+        op = dataclasses.replace(op, attrs={**op.attrs, **attrs})
+    return SEMANTICS[opcode](op, ins, ctx.istep)[0]
+
+
+def sources(ctx: Context, op: Op) -> list[Op]:
+    return [ctx.source(n) for n in op.attrs["fused_from"]]
+
+
+# -- embed and argmax ----------------------------------------------------------------------------
+
+def _embed_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    return [read("tokens", 0, 1, (pos, pos + 1)),
+            write(op.outputs[0], 0, program.graph.tensors[op.outputs[0]].numel)]
+
+
+def _embed(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    ids = ctx.read("tokens", 0, 1, (ctx.pos, ctx.pos + 1)).reshape(1).long()
+    y = run("embedding", sources(ctx, op)[0], [ids, ctx.weight(op.inputs[1])], ctx)
+    ctx.write(op.outputs[0], 0, y[0])
+
+
+def lm_head_tasks(program: Program) -> int:
+    """Tasks of the op with the argmax epilogue: each leaves a (max, row) pair for `argmax`."""
+    return next(op.attrs["tile"]["tasks"] for op in program.graph.ops()
+                if op.attrs.get("epilogue") == "argmax")
+
+
+def _argmax_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    return [read("argmax_partials", 0, 2 * lm_head_tasks(program)),
+            write(op.outputs[0], 0, 1), write("tokens", 0, 1, (pos + 1, pos + 2))]
+
+
+def _argmax(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    parts = ctx.read("argmax_partials", 0, 2 * lm_head_tasks(ctx.program)).reshape(-1, 2)
+    best = run("argmax", sources(ctx, op)[0], [parts[None, :, 0]], ctx)
+    token = parts[best.reshape(()), 1].reshape(1)
+    ctx.write(op.outputs[0], 0, token)
+    ctx.write("tokens", 0, token, row=ctx.pos + 1)
+
+
+KINDS["embed"] = TaskKind(_embed_accesses, _embed)
+KINDS["argmax"] = TaskKind(_argmax_accesses, _argmax)
+
+
+# -- matrix-vector tasks -----------------------------------------------------------------------
+
+def _matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    r0, r1 = t.rows
+    out = [read(op.inputs[0], 0, op.attrs["K"])]
+    if op.opcode == "matvec_add":
+        out.append(read(op.inputs[2], r0, r1))
+    out.append(write(op.outputs[0], r0, r1))
+    if op.attrs.get("epilogue") == "argmax":
+        out.append(write("argmax_partials", 2 * t.index, 2 * t.index + 2))
+    return out
+
+
+def _segment_products(ctx: Context, t: Task, op: Op, x: torch.Tensor) -> list[torch.Tensor]:
+    """x · W[rows]ᵀ for each weight segment of the task, by the linear op that owns W."""
+    linear = {o.inputs[1]: o for o in sources(ctx, op) if o.opcode == "linear"}
+    return [run("linear", linear[s.tensor], [x, ctx.weight(s.tensor)[s.row0:s.row1]], ctx)
+            for s in t.segments]
+
+
+def _norm_matvec(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    src = sources(ctx, op)
+    x = ctx.read(op.inputs[0], 0, op.attrs["K"])[None]
+    xn = run("rms_norm", src[0], [x, ctx.weight(op.inputs[1])], ctx)
+    ys = _segment_products(ctx, t, op, xn)
+    if op.attrs["epilogue"] == "silu_mul":
+        y = run("silu_mul", next(o for o in src if o.opcode == "silu_mul"), ys, ctx)
+    else:
+        y = torch.cat(ys, dim=-1)
+    ctx.write(op.outputs[0], t.rows[0], y[0])
+    if op.attrs["epilogue"] == "argmax":
+        sampler = next(o for o in ctx.program.graph.ops() if o.opcode == "argmax")
+        i = int(run("argmax", ctx.source(sampler.attrs["fused_from"][0]), [y], ctx))
+        ctx.write("argmax_partials", 2 * t.index, torch.tensor([y[0, i], t.rows[0] + i]))
+
+
+def _matvec_add(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    x = ctx.read(op.inputs[0], 0, op.attrs["K"])[None]
+    (y,) = _segment_products(ctx, t, op, x)
+    add = next(o for o in sources(ctx, op) if o.opcode == "add")
+    res = ctx.read(op.inputs[2], *t.rows)[None]
+    ctx.write(op.outputs[0], t.rows[0], run("add", add, [res, y], ctx)[0])
+
+
+KINDS["norm_matvec"] = TaskKind(_matvec_accesses, _norm_matvec)
+KINDS["matvec_add"] = TaskKind(_matvec_accesses, _matvec_add)
+
+
+# -- chunked attention -----------------------------------------------------------------------
+# Task g * chunks + c covers context chunk c of KV group g; the chunk bounds follow the
+# context at run time as in the kernel. The last chunk of a group holds the current position:
+# it alone prepares the new key and value and appends them. Each chunk leaves, per query head,
+# its normalized output and the log-sum-exp of its scores in `attn_partials` (the same place
+# and size as the kernel's partials); the group's merge weighs them.
+
+def chunk_bounds(pos: int, chunk: int, chunks: int) -> tuple[int, int]:
+    n = pos + 1
+    return n * chunk // chunks, n * (chunk + 1) // chunks
+
+
+def _attention_geometry(op: Op) -> tuple[int, int, int, int]:
+    """(query heads per group, head dim, chunks, floats of one chunk's partial result)."""
+    a = op.attrs
+    group, hd = a["n_heads"] // a["n_kv_heads"], a["head_dim"]
+    return group, hd, a["tile"]["chunks"], group * (hd + 2)
+
+
+def _attention_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    a = op.attrs
+    group, hd, chunks, part = _attention_geometry(op)
+    g, c = t.rows[0], t.index % chunks
+    qkv, (kc, vc) = op.inputs[0], op.inputs[-2:]
+    out = [read(qkv, g * group * hd, (g + 1) * group * hd)]
+    if c == chunks - 1:
+        nh, nkv = a["n_heads"], a["n_kv_heads"]
+        out += [read(qkv, (nh + g) * hd, (nh + g + 1) * hd),
+                read(qkv, (nh + nkv + g) * hd, (nh + nkv + g + 1) * hd),
+                write(kc, g * hd, (g + 1) * hd, (pos, pos + 1)),
+                write(vc, g * hd, (g + 1) * hd, (pos, pos + 1))]
+    k0, k1 = chunk_bounds(pos, c, chunks)
+    if k1 > k0:
+        out += [read(kc, g * hd, (g + 1) * hd, (k0, k1)), read(vc, g * hd, (g + 1) * hd, (k0, k1))]
+    base = (g * chunks + c) * part
+    return out + [write("attn_partials", base, base + part)]
+
+
+def _attention_sources(ctx: Context, op: Op) -> dict[str, Op]:
+    """The constituent ops by role, found by data flow: `q_rope` feeds attention, `k_rope`
+    feeds kv_append, and each `*_norm` (qk-norm) feeds its rope."""
+    src = sources(ctx, op)
+    writer = {t: o for o in src for t in o.outputs}
+    roles = {o.opcode: o for o in src if o.opcode in ("kv_append", "attention")}
+    roles["q_rope"] = writer[roles["attention"].inputs[0]]
+    roles["k_rope"] = writer[roles["kv_append"].inputs[0]]
+    for r in ("q", "k"):
+        if roles[f"{r}_rope"].inputs[0] in writer:
+            roles[f"{r}_norm"] = writer[roles[f"{r}_rope"].inputs[0]]
+    return roles
+
+
+def _attention(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    a = op.attrs
+    group, hd, chunks, part = _attention_geometry(op)
+    g, c = t.rows[0], t.index % chunks
+    src = _attention_sources(ctx, op)
+    qkv, (kc, vc) = op.inputs[0], op.inputs[-2:]
+    pos = torch.tensor([ctx.pos])
+
+    def prologue(x: torch.Tensor, role: str, heads: int, norm_input: int) -> torch.Tensor:
+        if a["qk_norm"]:
+            x = run("head_rms_norm", src[f"{role}_norm"],
+                    [x, ctx.weight(op.inputs[norm_input])], ctx, n_heads=heads)
+        return run("rope", src[f"{role}_rope"], [x, pos], ctx, n_heads=heads)
+
+    q = prologue(ctx.read(qkv, g * group * hd, (g + 1) * group * hd)[None], "q", group, 1)
+    if c == chunks - 1:
+        nh, nkv = a["n_heads"], a["n_kv_heads"]
+        k = prologue(ctx.read(qkv, (nh + g) * hd, (nh + g + 1) * hd)[None], "k", 1, 2)
+        v = ctx.read(qkv, (nh + nkv + g) * hd, (nh + nkv + g + 1) * hd)[None]
+        rows = {name: torch.zeros(ctx.pos + 1, 1, hd) for name in (kc, vc)}
+        append = dataclasses.replace(src["kv_append"], outputs=(kc, vc))
+        SEMANTICS["kv_append"](append, [k, v, pos], Step(pos, rows, ctx.istep.dtype))
+        for name in (kc, vc):
+            ctx.write(name, g * hd, rows[name][ctx.pos].reshape(-1), row=ctx.pos)
+    k0, k1 = chunk_bounds(ctx.pos, c, chunks)
+    result = torch.zeros(group, hd + 2)
+    result[:, hd] = float("-inf")
+    if k1 > k0:
+        keys = ctx.read(kc, g * hd, (g + 1) * hd, (k0, k1)).reshape(k1 - k0, 1, hd)
+        values = ctx.read(vc, g * hd, (g + 1) * hd, (k0, k1)).reshape(k1 - k0, 1, hd)
+        chunk_step = Step(torch.tensor([k1 - k0 - 1]), {}, ctx.istep.dtype)
+        sliced = dataclasses.replace(src["attention"], attrs={**src["attention"].attrs,
+                                                              "n_heads": group, "n_kv_heads": 1})
+        o = SEMANTICS["attention"](sliced, [q, keys, values, pos], chunk_step)[0]
+        scores = torch.einsum("hd,nd->hn", q.reshape(group, hd), keys[:, 0]) * a["scale"]
+        result[:, :hd] = o.reshape(group, hd)
+        result[:, hd] = scores.logsumexp(-1)
+    ctx.write("attn_partials", (g * chunks + c) * part, result.reshape(-1))
+
+
+def _attention_merge_accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
+    group, hd, chunks, part = _attention_geometry(op)
+    return [read("attn_partials", g * chunks * part, (g + 1) * chunks * part),
+            write(op.outputs[0], g * group * hd, (g + 1) * group * hd)]
+
+
+def _attention_merge(ctx: Context, op: Op, g: int) -> None:
+    group, hd, chunks, part = _attention_geometry(op)
+    parts = ctx.read("attn_partials", g * chunks * part, (g + 1) * chunks * part)
+    parts = parts.reshape(chunks, group, hd + 2)
+    weights = parts[:, :, hd].softmax(0)  # [chunks, heads]; an empty chunk weighs 0
+    out = (weights[..., None] * parts[:, :, :hd]).sum(0)
+    ctx.write(op.outputs[0], g * group * hd, out.reshape(-1))
+
+
+KINDS["attention"] = TaskKind(_attention_accesses, _attention, _attention_merge_accesses,
+                              _attention_merge)

@@ -1,0 +1,768 @@
+"""The schedule verifier: run a program's per-SM instruction streams on the CPU and check them.
+
+A schedule is right when, however the SMs interleave, no SM waits forever, no task reads a
+region before the task that should write it in that step has done so (or after a later writer
+overwrote it), and the logits of every step are the interpreter's.
+
+The model is the kernel's (backends/cuda/decode.cuh): each SM runs its stream in order once per
+decode step; before the first task of step s > 0 it waits for the sampler's counter to reach s;
+before a task it waits, for each (counter, per_step, lag), until counter >= per_step *
+(step + 1 - lag); after it the task increments its counter, or, for a chunked op, its group's
+arrival counter, and the arrival that completes the step's count merges the group and
+increments the op's counter. Tasks are atomic here: dependencies live at task boundaries.
+
+What each task reads, writes and computes comes from `task_semantics.py`. A sequential pass
+over the step (ops in program order) gives, for every region a task reads, the writer it must
+see; the checks compare against that.
+
+- Numeric mode (`-tiny` models): `interleavings` seeded random interleavings of `steps` steps
+  (each draws SM speeds, so some SMs race ahead), random weights, a prompt prefilled by the
+  interpreter. Every per-step buffer is poisoned (NaN, and marked unwritten) when a step
+  begins; every read is checked against the writer it must see; the logits of each step must
+  equal the interpreter's, teacher-forced with the sampled tokens, and be identical across
+  interleavings. The structural checks run too.
+- Structural mode (any size, no numerics): one run. Whether the streams deadlock does not
+  depend on the interleaving (counters only grow and waits are thresholds, so an SM that may
+  proceed stays able to), so one run decides it. Vector clocks over that run give the
+  happens-before order of the waits, signals and program order: each region a task reads must
+  be written by a task that happens before it, each overwrite must happen after the reads of
+  the old value, and the sampler of a step must happen after every task of the step, so that
+  step s + 1 (which waits for it) may reuse every buffer.
+
+`verify` raises `VerificationError` (with `kind`: deadlock, read_before_write, overwrite,
+counter, sampler, mismatch) or returns a `VerifyReport`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import time
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tilertc.ir.build import build_graph
+from tilertc.ir.graph import Op, TensorKind
+from tilertc.ir.interpreter import Interpreter, Step
+from tilertc.ir.weights import random_weights
+from tilertc.passes.program import Program
+from tilertc.passes.task_semantics import KINDS, Access
+
+POISON = -2  # mark: never written (or poisoned when a step began)
+PREFILL = -3  # mark: written by the prefill or the host before the run
+OWN = -4  # expected writer: the reading task itself, earlier in the task
+
+
+class VerificationError(Exception):
+    """The schedule is wrong; `kind` says how, the message says where."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass
+class VerifyReport:
+    mode: str
+    tasks: int
+    steps: int
+    interleavings: int
+    seconds: float
+    logits: list[torch.Tensor] = field(default_factory=list)  # numeric: per step
+    tokens: list[int] = field(default_factory=list)
+
+
+# -- actors and the sequential plan of one step --------------------------------------------
+
+@dataclass
+class Merge:
+    """The merge of one group of a chunked op, done by whichever chunk arrives last."""
+
+    op: str
+    group: int
+    arrive: int  # arrival counter
+    signal: int  # the op's counter
+
+
+@dataclass
+class Read:
+    """A region an actor reads that the step writes: the pieces (lo, hi, writer) that a
+    sequential run of the step would have it see (shared between readers of equal regions)."""
+
+    buffer: str
+    row: int | None
+    lo: int
+    hi: int
+    pieces: tuple[tuple[int, int, int], ...]
+
+
+class Plan:
+    """Actors (tasks, then merges) of a program, and what each must see in one step at `pos`."""
+
+    def __init__(self, program: Program, pos: int) -> None:
+        self.program, self.pos = program, pos
+        self.tasks = program.tasks
+        self.merges: list[Merge] = []
+        self.merge_of: dict[int, int] = {}  # arrival counter -> merge index
+        for t in self.tasks:
+            if t.arrive >= 0 and t.arrive not in self.merge_of:
+                self.merge_of[t.arrive] = len(self.merges)
+                self.merges.append(Merge(t.op, t.rows[0], t.arrive, t.signal))
+        self.sm_of = [t.sm for t in self.tasks] + [-1] * len(self.merges)
+        self.slot = [0] * len(self.tasks)  # 1-based position in its SM's stream
+        for stream in program.streams:
+            for i, tid in enumerate(stream):
+                self.slot[tid] = i + 1
+        self.accesses = [self._accesses(a) for a in range(self.n_actors)]
+        self.reads: list[list[Read]] = [[] for _ in range(self.n_actors)]
+        # reads of rows written in earlier steps: (access, rows of it this step writes)
+        self.history: list[list[tuple[Access, set[int]]]] = [[] for _ in range(self.n_actors)]
+        self.after: list[set[int]] = [set() for _ in range(self.n_actors)]  # must happen before
+        self.static_errors: list[tuple[int, str]] = []
+        self._sequential_pass()
+
+    @property
+    def n_actors(self) -> int:
+        return len(self.tasks) + len(self.merges)
+
+    def name(self, actor: int) -> str:
+        if actor < len(self.tasks):
+            t = self.tasks[actor]
+            return f"{t.key} (SM {t.sm})"
+        m = self.merges[actor - len(self.tasks)]
+        return f"{m.op} merge of group {m.group}"
+
+    def _accesses(self, actor: int) -> list[Access]:
+        if actor < len(self.tasks):
+            t = self.tasks[actor]
+            return KINDS[t.opcode].accesses(self.program, t, self.pos)
+        m = self.merges[actor - len(self.tasks)]
+        op = self.program.graph.op(m.op)
+        return KINDS[op.opcode].merge_accesses(self.program, op, m.group, self.pos)
+
+    def order(self) -> list[int]:
+        """Actors in sequential order: ops in program order, tasks by index, then merges."""
+        by_op: dict[str, list[int]] = defaultdict(list)
+        for i, t in enumerate(self.tasks):
+            by_op[t.op].append(i)
+        for m, merge in enumerate(self.merges):
+            by_op[merge.op].append(len(self.tasks) + m)
+        return [a for op in self.program.graph.ops() for a in by_op[op.name]]
+
+    def _op_of(self, actor: int) -> str:
+        return self.tasks[actor].op if actor < len(self.tasks) else \
+            self.merges[actor - len(self.tasks)].op
+
+    @staticmethod
+    def _rows(acc: Access) -> range | list[None]:
+        return range(*acc.rows) if acc.rows else [None]
+
+    def _sequential_pass(self) -> None:
+        rows_written: dict[str, set[int]] = defaultdict(set)
+        writer_ops: dict[tuple[str, int | None], set[str]] = defaultdict(set)
+        everything: dict[tuple[str, int | None], Pieces] = defaultdict(Pieces)
+        for actor, accs in enumerate(self.accesses):
+            for acc in accs:
+                if acc.write:
+                    for row in self._rows(acc):
+                        writer_ops[acc.buffer, row].add(self._op_of(actor))
+                        everything[acc.buffer, row].write(acc.lo, acc.hi, actor)
+                        if row is not None:
+                            rows_written[acc.buffer].add(row)
+        # Only regions that more than one op writes in a step can be overwritten while a
+        # reader still needs them; only there are readers tracked (for the WAR check).
+        pieces = {key: Pieces(track_readers=len(ops) > 1) for key, ops in writer_ops.items()}
+        for actor in self.order():
+            for acc in self.accesses[actor]:
+                if acc.write:
+                    for row in self._rows(acc):
+                        self.after[actor].update(pieces[acc.buffer, row].write(acc.lo, acc.hi,
+                                                                               actor))
+                    continue
+                rows = self._rows(acc)
+                if acc.rows:
+                    rows = sorted(r for r in rows_written[acc.buffer] if r in rows)
+                    if len(rows) < len(self._rows(acc)):
+                        self.history[actor].append((acc, set(rows)))
+                for row in rows:
+                    key = (acc.buffer, row)
+                    found, gaps = pieces[key].read(acc.lo, acc.hi, actor) if key in pieces \
+                        else ((), [(acc.lo, acc.hi)])
+                    if found:
+                        self.reads[actor].append(Read(acc.buffer, row, acc.lo, acc.hi, found))
+                    for lo, hi in gaps:
+                        what = "which a later op of the step writes" \
+                            if everything[key].covers(lo, hi) else "which no task writes in a step"
+                        where = f" row {row}" if row is not None else ""
+                        self.static_errors.append(
+                            (actor, f"{self.name(actor)} reads {acc.buffer}{where}[{lo}:{hi}], "
+                                    f"{what}, before it is written"))
+            self.after[actor].discard(actor)
+
+
+class Pieces:
+    """Disjoint pieces [lo, hi) of one buffer (row) with the last writer of each and, if
+    tracked, who read it since. A sequential pass writes and reads them in program order."""
+
+    def __init__(self, track_readers: bool = False) -> None:
+        self.track = track_readers
+        self.los: list[int] = []
+        self.items: list[list] = []  # [lo, hi, writer, readers]
+        self.seen: dict[tuple[int, int], tuple] = {}  # reads since the last write
+
+    def _cut(self, x: int) -> None:
+        i = bisect_right(self.los, x) - 1
+        if i >= 0:
+            lo, hi, w, readers = self.items[i]
+            if lo < x < hi:
+                self.items[i] = [lo, x, w, readers]
+                self.items.insert(i + 1, [x, hi, w, list(readers)])
+                self.los.insert(i + 1, x)
+
+    def _span(self, lo: int, hi: int) -> tuple[int, int]:
+        self._cut(lo)
+        self._cut(hi)
+        return bisect_left(self.los, lo), bisect_left(self.los, hi)
+
+    def covers(self, lo: int, hi: int) -> bool:
+        i, j = self._span(lo, hi)
+        return sum(p[1] - p[0] for p in self.items[i:j]) == hi - lo
+
+    def read(self, lo: int, hi: int, reader: int) -> tuple[tuple[tuple[int, int, int], ...],
+                                                          list[tuple[int, int]]]:
+        """The pieces a read of [lo, hi) sees, and the gaps no earlier write covers."""
+        if (lo, hi) in self.seen and not self.track:
+            return self.seen[lo, hi]
+        i, j = self._span(lo, hi)
+        found, gaps, at = [], [], lo
+        for p in self.items[i:j]:
+            if p[0] > at:
+                gaps.append((at, p[0]))
+            found.append((p[0], p[1], p[2]))
+            if self.track:
+                p[3].append(reader)
+            at = p[1]
+        if at < hi:
+            gaps.append((at, hi))
+        self.seen[lo, hi] = (tuple(found), gaps)
+        return self.seen[lo, hi]
+
+    def write(self, lo: int, hi: int, writer: int) -> set[int]:
+        """Record the write; returns the actors that must happen before it (WAR, WAW)."""
+        self.seen.clear()
+        i, j = self._span(lo, hi)
+        before = set()
+        for p in self.items[i:j]:
+            before.add(p[2])
+            before.update(p[3])
+        del self.items[i:j], self.los[i:j]
+        self.items.insert(i, [lo, hi, writer, []])
+        self.los.insert(i, lo)
+        return before
+
+
+# -- the machine: SMs over their streams, counters -------------------------------------------
+
+class Machine:
+    """The SMs of one kernel launch running `steps` steps, one task at a time.
+
+    `run(choose, on_task, on_merge)` executes until no SM can proceed; `choose` picks the next
+    SM among the ready ones. Afterwards `stuck()` lists the SMs that did not finish.
+    """
+
+    def __init__(self, program: Program, plan: Plan, steps: int) -> None:
+        self.program, self.plan, self.steps = program, plan, steps
+        self.streams = program.streams
+        self.per_step = [c.per_step for c in program.counters]
+        self.sampler = next(i for i, c in enumerate(program.counters)
+                            if c.name in program.graph.nx
+                            and program.graph.op(c.name).opcode == "argmax")
+        self.counters = [0] * len(program.counters)
+        self.step = [0] * len(self.streams)
+        self.head = [0] * len(self.streams)
+        self.ready: set[int] = set()
+        self.waiting: dict[int, list[tuple[int, int]]] = defaultdict(list)  # heaps (target, sm)
+        for sm in range(len(self.streams)):
+            self._place(sm)
+
+    def finished(self, sm: int) -> bool:
+        return self.step[sm] >= self.steps or not self.streams[sm]
+
+    def blocking(self, sm: int) -> tuple[int, int, str] | None:
+        """The first unmet wait of the SM's next task: (counter, target, what waits)."""
+        step, head = self.step[sm], self.head[sm]
+        if head == 0 and step > 0 and self.counters[self.sampler] < step:
+            return self.sampler, step, "the step gate"
+        task = self.program.tasks[self.streams[sm][head]]
+        for counter, per_step, lag in task.waits:
+            want = per_step * (step + 1 - lag)
+            if want > 0 and self.counters[counter] < want:
+                return counter, want, task.key
+        return None
+
+    def _place(self, sm: int) -> None:
+        if self.finished(sm):
+            return
+        b = self.blocking(sm)
+        if b is None:
+            self.ready.add(sm)
+        else:
+            heapq.heappush(self.waiting[b[0]], (b[1], sm))
+
+    def _bump(self, counter: int) -> None:
+        self.counters[counter] += 1
+        heap = self.waiting.get(counter)
+        while heap and heap[0][0] <= self.counters[counter]:
+            self._place(heapq.heappop(heap)[1])
+
+    def run(self, choose, on_task, on_merge) -> None:
+        tasks = self.program.tasks
+        while self.ready:
+            sm = choose(self.ready)
+            self.ready.discard(sm)
+            step, tid = self.step[sm], self.streams[sm][self.head[sm]]
+            t = tasks[tid]
+            on_task(tid, step)
+            if t.arrive >= 0:
+                before = self.counters[t.arrive]
+                self._bump(t.arrive)
+                if before == (step + 1) * self.per_step[t.arrive] - 1:
+                    on_merge(self.plan.merge_of[t.arrive], step)
+                    self._bump(t.signal)
+            else:
+                self._bump(t.signal)
+            self.head[sm] += 1
+            if self.head[sm] == len(self.streams[sm]):
+                self.head[sm], self.step[sm] = 0, step + 1
+            self._place(sm)
+
+    def stuck(self) -> list[int]:
+        return [sm for sm in range(len(self.streams)) if not self.finished(sm)]
+
+    def done(self, task: int, step: int) -> bool:
+        sm = self.program.tasks[task].sm
+        return self.step[sm] > step or (self.step[sm] == step and
+                                        self.head[sm] >= self.plan.slot[task])
+
+    def deadlock_report(self) -> str:
+        """The cycle of waits among the stuck SMs, each link naming the counter and the task
+        that would signal it."""
+        tasks, counters = self.program.tasks, self.program.counters
+        signallers: dict[int, list[int]] = defaultdict(list)
+        for i, t in enumerate(tasks):
+            signallers[t.arrive if t.arrive >= 0 else t.signal].append(i)
+        merges_of: dict[int, list[int]] = defaultdict(list)
+        for m in self.plan.merges:
+            merges_of[m.signal].append(m.arrive)
+        links: dict[int, tuple[str, int | None]] = {}
+        for sm in self.stuck():
+            counter, want, who = self.blocking(sm)
+            per = self.per_step[counter]
+            step = -(-want // per) - 1 if per else 0
+            head = f"SM {sm} ({who}, step {self.step[sm]}) waits for counter {counter} " \
+                   f"'{counters[counter].name}' to reach {want} (it is at {self.counters[counter]})"
+            missing = [i for c in [counter, *merges_of.get(counter, [])]
+                       for i in signallers.get(c, []) if not self.done(i, step)]
+            if not missing:
+                links[sm] = (f"{head}, but no task left would signal it: {per} per step are "
+                             f"expected and {len(signallers.get(counter, []))} tasks signal it",
+                             None)
+                continue
+            x = tasks[missing[0]]
+            blocker = tasks[self.streams[x.sm][self.head[x.sm]]]
+            rel = "which is where that SM is stuck" if blocker is x else \
+                f"behind {blocker.key}, where that SM is stuck"
+            links[sm] = (f"{head}; {x.key} would signal it, on SM {x.sm}, {rel}", x.sm)
+        sm, seen = min(links), []
+        while sm is not None and sm not in seen:
+            seen.append(sm)
+            sm = links[sm][1]
+        chain = seen[seen.index(sm):] if sm is not None else seen
+        kind = "cycle of waits" if sm is not None else "chain of waits"
+        lines = [f"  {links[s][0]}" for s in chain]
+        if sm is not None:
+            lines.append(f"  (back to SM {sm})")
+        return (f"deadlock: no SM can make progress ({len(links)} stuck). The {kind}:\n" +
+                "\n".join(lines))
+
+
+# -- structural checks ---------------------------------------------------------------------
+
+def check_counters(program: Program, plan: Plan) -> None:
+    """Every counter's per-step count must be what its signallers give it in one step."""
+    got: dict[int, int] = defaultdict(int)
+    for t in program.tasks:
+        if t.arrive >= 0:
+            got[t.arrive] += 1
+        else:
+            got[t.signal] += 1
+    for m in plan.merges:
+        got[m.signal] += 1
+    for i, c in enumerate(program.counters):
+        if got[i] != c.per_step:
+            raise VerificationError("counter", f"counter {i} '{c.name}' expects {c.per_step} "
+                                    f"increments per step but {got[i]} tasks give it one")
+
+
+def preflight(program: Program, plan: Plan) -> None:
+    """What needs no run: counter counts, and reads that no earlier op of the step writes."""
+    check_counters(program, plan)
+    if plan.static_errors:
+        raise VerificationError("read_before_write", plan.static_errors[0][1])
+
+
+def structural(program: Program, plan: Plan, steps: int = 2) -> None:
+    """Deadlock freedom over `steps` steps, then happens-before coverage of step 0's reads."""
+    preflight(program, plan)
+    nsm, ntasks = len(program.streams), len(program.tasks)
+    cols = nsm + len(plan.merges)
+    sm_vc = np.zeros((nsm, cols), dtype=np.int32)
+    joins: dict[int, np.ndarray] = {}
+    group_vc = np.zeros((len(plan.merges), cols), dtype=np.int32)
+    machine = Machine(program, plan, steps)
+    sampler_vc: list[np.ndarray] = []
+
+    def knows(vc: np.ndarray, actor: int) -> bool:
+        if actor < ntasks:
+            return vc[plan.sm_of[actor]] >= plan.slot[actor]
+        return vc[nsm + actor - ntasks] >= 1
+
+    needs: dict[tuple[int, int], np.ndarray] = {}
+
+    def need(r: Read, actor: int) -> np.ndarray:
+        """Per column, the stream slot a reader must know of to have seen r's writers."""
+        own = any(w == actor for _, _, w in r.pieces)
+        key = (id(r.pieces), actor if own else -1)
+        if key not in needs:
+            vec = np.zeros(cols, dtype=np.int32)
+            for _, _, w in r.pieces:
+                if w == actor:
+                    continue
+                col = plan.sm_of[w] if w < ntasks else nsm + w - ntasks
+                vec[col] = max(vec[col], plan.slot[w] if w < ntasks else 1)
+            needs[key] = vec
+        return needs[key]
+
+    def check(actor: int, vc: np.ndarray) -> None:
+        for r in plan.reads[actor]:
+            if (vc >= need(r, actor)).all():
+                continue
+            w = next(w for _, _, w in r.pieces if w != actor and not knows(vc, w))
+            where = f" row {r.row}" if r.row is not None else ""
+            raise VerificationError(
+                "read_before_write",
+                f"read before write: {plan.name(actor)} reads {r.buffer}{where}"
+                f"[{r.lo}:{r.hi}], written in the same step by {plan.name(w)}, but does not "
+                "wait (directly or through other tasks) for it")
+        for other in plan.after[actor]:
+            if not knows(vc, other):
+                raise VerificationError(
+                    "overwrite", f"{plan.name(actor)} overwrites a region that "
+                    f"{plan.name(other)} reads or writes earlier in the step, without waiting "
+                    "for it")
+
+    def on_task(tid: int, step: int) -> None:
+        if step:
+            return
+        t = program.tasks[tid]
+        vc = sm_vc[t.sm].copy()
+        for counter, _, lag in t.waits:
+            if lag == 0 and counter in joins:
+                np.maximum(vc, joins[counter], out=vc)
+        check(tid, vc)
+        vc[t.sm] = plan.slot[tid]
+        sm_vc[t.sm] = vc
+        if t.arrive >= 0:
+            np.maximum(group_vc[plan.merge_of[t.arrive]], vc, out=group_vc[plan.merge_of[t.arrive]])
+        else:
+            joins.setdefault(t.signal, np.zeros(cols, dtype=np.int32))
+            np.maximum(joins[t.signal], vc, out=joins[t.signal])
+        if t.signal == machine.sampler:
+            sampler_vc.append(vc.copy())
+
+    def on_merge(m: int, step: int) -> None:
+        if step:
+            return
+        vc = group_vc[m].copy()
+        vc[nsm + m] = 1
+        check(ntasks + m, vc)
+        joins.setdefault(plan.merges[m].signal, np.zeros(cols, dtype=np.int32))
+        np.maximum(joins[plan.merges[m].signal], vc, out=joins[plan.merges[m].signal])
+
+    machine.run(lambda ready: min(ready), on_task, on_merge)
+    if machine.stuck():
+        raise VerificationError("deadlock", machine.deadlock_report())
+    lengths = np.array([len(s) for s in program.streams] + [1] * len(plan.merges))
+    behind = np.nonzero(sampler_vc[0] < lengths)[0] if sampler_vc else np.arange(cols)
+    if len(behind):
+        c = int(behind[0])
+        what = (plan.name(program.streams[c][-1]) if c < nsm
+                else plan.name(ntasks + c - nsm))
+        raise VerificationError(
+            "sampler", f"{what} does not happen before the sampler of its step, which the next "
+            "step waits for: the next step may overwrite buffers it still uses")
+
+
+# -- numeric run ---------------------------------------------------------------------------
+
+class Memory:
+    """The verifier's global memory: values plus, per element, the step and actor of the last
+    write (`POISON` for none)."""
+
+    def __init__(self, program: Program, state: dict[str, torch.Tensor], first_token: int,
+                 pos: int) -> None:
+        g = program.graph
+        self.values: dict[str, torch.Tensor] = {}
+        self.step_mark: dict[str, torch.Tensor] = {}
+        self.actor_mark: dict[str, torch.Tensor] = {}
+        self.per_step: list[str] = []
+        for t in g.tensors.values():
+            if t.kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT, TensorKind.SCRATCH):
+                self._alloc(t.name, (t.numel,), torch.int64 if t.dtype == "int64" else torch.float32)
+                self.per_step.append(t.name)
+            elif t.kind is TensorKind.KV_CACHE:
+                rows = state[t.name].reshape(t.shape[0], -1)
+                self._alloc(t.name, rows.shape, torch.float32)
+                self.values[t.name][:pos] = rows[:pos]
+                self.step_mark[t.name][:pos] = -1
+                self.actor_mark[t.name][:pos] = PREFILL
+        for name, b in program.buffers.items():
+            if name not in g.tensors:
+                self._alloc(name, (b.numel,), torch.float32)
+                self.per_step.append(name)
+        self._alloc("tokens", (g.attrs["max_seq_len"] + 1, 1), torch.int64)
+        self.values["tokens"][pos] = first_token
+        self.step_mark["tokens"][pos], self.actor_mark["tokens"][pos] = -1, PREFILL
+
+    def _alloc(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.values[name] = torch.full(shape, _poison(dtype), dtype=dtype)
+        self.step_mark[name] = torch.full(shape, -1, dtype=torch.int32)
+        self.actor_mark[name] = torch.full(shape, POISON, dtype=torch.int32)
+
+    def begin_step(self, step: int) -> None:
+        for name in self.per_step:
+            self.values[name].fill_(_poison(self.values[name].dtype))
+            self.step_mark[name].fill_(step)
+            self.actor_mark[name].fill_(POISON)
+
+
+def _poison(dtype: torch.dtype) -> float:
+    return float("nan") if dtype.is_floating_point else -(2**62)
+
+
+class TaskContext:
+    """`task_semantics.Context` over a `Memory`: reads and writes only what the actor declared."""
+
+    def __init__(self, program: Program, interp: Interpreter, mem: Memory) -> None:
+        self.program, self.interp, self.mem = program, interp, mem
+        self.sources = {op.name: op for op in interp.graph.ops()}
+        self.pos = self.step = self.actor = 0
+        self.declared: list[Access] = []
+        self.istep = Step(torch.tensor([0]), {}, torch.float32)
+
+    def begin(self, actor: int, declared: list[Access], step: int, pos: int) -> None:
+        self.actor, self.declared, self.step, self.pos = actor, declared, step, pos
+        self.istep = Step(torch.tensor([pos]), {}, torch.float32)
+
+    def _check(self, write: bool, buffer: str, lo: int, hi: int, rows: tuple[int, int] | None) -> None:
+        for a in self.declared:
+            if a.write == write and a.buffer == buffer and a.lo <= lo and hi <= a.hi and (
+                    rows is None or (a.rows[0] <= rows[0] and rows[1] <= a.rows[1])):
+                return
+        kind = "writes" if write else "reads"
+        raise AssertionError(f"verifier: actor {self.actor} {kind} {buffer}[{lo}:{hi}] rows {rows}, "
+                             "which its task semantics do not declare")
+
+    def read(self, buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        self._check(False, buffer, lo, hi, rows)
+        v = self.mem.values[buffer]
+        return (v[rows[0]:rows[1], lo:hi] if rows else v[lo:hi]).clone()
+
+    def write(self, buffer: str, lo: int, values: torch.Tensor, row: int | None = None) -> None:
+        hi = lo + values.numel()
+        self._check(True, buffer, lo, hi, None if row is None else (row, row + 1))
+        m = self.mem
+        idx = (row, slice(lo, hi)) if row is not None else slice(lo, hi)
+        m.values[buffer][idx] = values.reshape(-1).to(m.values[buffer].dtype)
+        m.step_mark[buffer][idx] = self.step
+        m.actor_mark[buffer][idx] = self.actor
+
+    def weight(self, name: str) -> torch.Tensor:
+        return self.interp.params[name]
+
+    def source(self, name: str) -> Op:
+        return self.sources[name]
+
+
+def _expected_writers(plan: Plan, actor: int) -> list[tuple[str, int | None, int, int,
+                                                            torch.Tensor]]:
+    """The actor's reads of this step's writes as runs of (buffer, row, lo, hi, the writer
+    each element must hold), built once per plan."""
+    cache = plan.__dict__.setdefault("_expected", {})
+    if actor not in cache:
+        cache[actor] = []
+        for r in plan.reads[actor]:
+            writers = torch.full((r.hi - r.lo,), OWN, dtype=torch.int32)
+            for lo, hi, w in r.pieces:
+                if w != actor:
+                    writers[lo - r.lo:hi - r.lo] = w
+            cache[actor].append((r.buffer, r.row, r.lo, r.hi, writers))
+    return cache[actor]
+
+
+def _check_reads(plan: Plan, mem: Memory, actor: int, step: int) -> None:
+    for buffer, row, lo, hi, writers in _expected_writers(plan, actor):
+        idx = (row, slice(lo, hi)) if row is not None else slice(lo, hi)
+        ms, ma = mem.step_mark[buffer][idx], mem.actor_mark[buffer][idx]
+        bad = ((ms != step) | (ma != writers)) & (writers != OWN)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            where = f" row {row}" if row is not None else ""
+            raise VerificationError(
+                "read_before_write" if ma[i] == POISON or ms[i] < step else "overwrite",
+                f"in step {step}: {plan.name(actor)} reads {buffer}{where}[{lo}:{hi}] before "
+                f"{plan.name(int(writers[i]))} wrote it: element {lo + i} "
+                f"{_describe(plan, int(ms[i]), int(ma[i]), step)}")
+    for a, current in plan.history[actor]:
+        ms = mem.step_mark[a.buffer][a.rows[0]:a.rows[1], a.lo:a.hi]
+        ma = mem.actor_mark[a.buffer][a.rows[0]:a.rows[1], a.lo:a.hi]
+        bad = ((ma == POISON) | (ms >= step)).nonzero()
+        bad = [(int(i), int(j)) for i, j in bad if a.rows[0] + int(i) not in current]
+        if bad:
+            i, j = bad[0]
+            raise VerificationError(
+                "read_before_write", f"in step {step}: {plan.name(actor)} reads {a.buffer} row "
+                f"{a.rows[0] + i} written in an earlier step, but it "
+                f"{_describe(plan, int(ms[i, j]), int(ma[i, j]), step)}")
+
+
+def _describe(plan: Plan, ms: int, ma: int, step: int) -> str:
+    if ma == POISON:
+        if ms > step:
+            return f"was poisoned when step {ms} began"
+        return "was never written" if ms < step else "is not yet written in this step"
+    if ma == PREFILL:
+        return "holds the prefill's value"
+    return f"holds the value {plan.name(ma)} wrote in step {ms}"
+
+
+def numeric(program: Program, plan_at, steps: int, interleavings: int, seed: int,
+            prompt_len: int) -> tuple[list[torch.Tensor], list[int]]:
+    """Run the streams in random interleavings; returns per-step logits and tokens."""
+    spec, seq = program.spec, program.graph.attrs["max_seq_len"]
+    source = build_graph(spec, seq)
+    weights = random_weights(source, seed)
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, spec.vocab_size, (prompt_len,), generator=gen)
+    start = prompt_len - 1
+    reference = Interpreter(source, weights)
+    if start:
+        reference.run(prompt[:start], torch.arange(start))
+    prefilled = {k: v.clone() for k, v in reference.state.items()}
+    plans = [plan_at(start + s) for s in range(steps)]
+    first: tuple[list[torch.Tensor], list[int]] | None = None
+    for i in range(interleavings):
+        rng = random.Random(seed * 1000 + i)
+        speed = [rng.expovariate(1.0) if i else 1.0 for _ in program.streams]
+        mem = Memory(program, prefilled, int(prompt[-1]), start)
+        ctx = TaskContext(program, reference, mem)
+        logits, tokens = [None] * steps, [0] * steps
+        done = [0] * steps
+        begun = [False] * steps
+        machine = Machine(program, plans[0], steps)
+
+        def on_task(tid: int, step: int, mem=mem, ctx=ctx, done=done, begun=begun,
+                    logits=logits, tokens=tokens) -> None:
+            if not begun[step]:
+                begun[step] = True
+                mem.begin_step(step)
+            plan = plans[step]
+            _check_reads(plan, mem, tid, step)
+            ctx.begin(tid, plan.accesses[tid], step, start + step)
+            KINDS[program.tasks[tid].opcode].compute(ctx, program.tasks[tid])
+            done[step] += 1
+            if done[step] == len(program.tasks):
+                logits[step] = mem.values["logits"].clone()
+                tokens[step] = int(mem.values["tokens"][start + step + 1])
+
+        def on_merge(m: int, step: int, mem=mem, ctx=ctx) -> None:
+            plan = plans[step]
+            actor = len(program.tasks) + m
+            _check_reads(plan, mem, actor, step)
+            ctx.begin(actor, plan.accesses[actor], step, start + step)
+            merge = plan.merges[m]
+            op = program.graph.op(merge.op)
+            KINDS[op.opcode].merge_compute(ctx, op, merge.group)
+
+        def choose(ready: set[int], rng=rng, speed=speed) -> int:
+            pool = sorted(ready)
+            return rng.choices(pool, weights=[speed[s] for s in pool])[0]
+
+        machine.run(choose, on_task, on_merge)
+        if machine.stuck():
+            raise VerificationError("deadlock", machine.deadlock_report())
+        if first is None:
+            first = (logits, tokens)
+            _compare(reference, logits, tokens, prompt, start)
+        elif tokens != first[1] or any(not torch.equal(a, b) for a, b in zip(logits, first[0])):
+            raise VerificationError("mismatch", f"interleaving {i} gives other logits or tokens "
+                                    "than interleaving 0: the result depends on the order")
+    return first
+
+
+def _compare(reference: Interpreter, logits: list[torch.Tensor], tokens: list[int],
+             prompt: torch.Tensor, start: int) -> None:
+    token = int(prompt[-1])
+    for s, (got, sampled) in enumerate(zip(logits, tokens)):
+        want = reference.run(torch.tensor([token]), torch.tensor([start + s]))["logits"][0]
+        scale = float(want.abs().max())
+        err = float((got - want).abs().max())
+        if not err <= 1e-4 * scale + 1e-6:
+            raise VerificationError("mismatch", f"step {s}: logits differ from the interpreter's "
+                                    f"by {err:.3g} (largest logit {scale:.3g})")
+        if sampled != int(got.argmax()):
+            raise VerificationError("mismatch", f"step {s}: sampled token {sampled} is not the "
+                                    f"argmax {int(got.argmax())} of the step's logits")
+        token = sampled
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+NUMERIC_MAX_WEIGHT_BYTES = 64 * 2**20
+
+
+def verify(program: Program, mode: str = "auto", *, steps: int = 3, interleavings: int = 4,
+           seed: int = 0, prompt_len: int = 37, pos: int | None = None) -> VerifyReport:
+    """Verify `program`'s streams. `mode`: "numeric", "structural", or "auto" (numeric for
+    tp = 1 models of at most 64 MB of weights). Structural mode checks one step at context
+    position `pos` (default: the last one); numeric mode prefills `prompt_len` tokens (capped
+    to fit the cache) and runs `steps` steps."""
+    t0 = time.perf_counter()
+    seq = program.graph.attrs["max_seq_len"]
+    if mode == "auto":
+        small = program.graph.weight_bytes() <= NUMERIC_MAX_WEIGHT_BYTES
+        mode = "numeric" if small and program.tp == 1 else "structural"
+    if mode == "structural":
+        structural(program, Plan(program, seq - 1 if pos is None else pos))
+        return VerifyReport(mode, len(program.tasks), 1, 1, time.perf_counter() - t0)
+    if mode != "numeric":
+        raise ValueError(f"unknown verification mode {mode!r} (numeric, structural, auto)")
+    if program.tp != 1:
+        raise ValueError("numeric verification runs tp = 1 programs; use mode='structural'")
+    prompt_len = max(1, min(prompt_len, seq - steps))
+    plan = Plan(program, prompt_len - 1)
+    preflight(program, plan)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tensors are tiny: torch's thread pool costs ms per op here
+    try:
+        logits, tokens = numeric(program, lambda p: Plan(program, p), steps, interleavings,
+                                 seed, prompt_len)
+    finally:
+        torch.set_num_threads(threads)
+    structural(program, plan)
+    return VerifyReport(mode, len(program.tasks), steps, interleavings,
+                        time.perf_counter() - t0, logits, tokens)
