@@ -90,7 +90,8 @@ class TaskKind:
 KINDS: dict[str, TaskKind] = {}
 
 
-def run(opcode: str, op: Op, ins: list[torch.Tensor], ctx: Context, **attrs: object) -> torch.Tensor:
+def run(opcode: str, op: Op, ins: list[torch.Tensor], ctx: Context,
+        **attrs: object) -> torch.Tensor:
     """The interpreter's semantics of `opcode` on `op` with some attrs replaced (a slice)."""
     if attrs:
         op = dataclasses.replace(op, attrs={**op.attrs, **attrs})

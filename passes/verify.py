@@ -522,7 +522,8 @@ class Memory:
         self.per_step: list[str] = []
         for t in g.tensors.values():
             if t.kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT, TensorKind.SCRATCH):
-                self._alloc(t.name, (t.numel,), torch.int64 if t.dtype == "int64" else torch.float32)
+                dtype = torch.int64 if t.dtype == "int64" else torch.float32
+                self._alloc(t.name, (t.numel,), dtype)
                 self.per_step.append(t.name)
             elif t.kind is TensorKind.KV_CACHE:
                 rows = state[t.name].reshape(t.shape[0], -1)
@@ -568,16 +569,18 @@ class TaskContext:
         self.actor, self.declared, self.step, self.pos = actor, declared, step, pos
         self.istep = Step(torch.tensor([pos]), {}, torch.float32)
 
-    def _check(self, write: bool, buffer: str, lo: int, hi: int, rows: tuple[int, int] | None) -> None:
+    def _check(self, write: bool, buffer: str, lo: int, hi: int,
+               rows: tuple[int, int] | None) -> None:
         for a in self.declared:
             if a.write == write and a.buffer == buffer and a.lo <= lo and hi <= a.hi and (
                     rows is None or (a.rows[0] <= rows[0] and rows[1] <= a.rows[1])):
                 return
         kind = "writes" if write else "reads"
-        raise AssertionError(f"verifier: actor {self.actor} {kind} {buffer}[{lo}:{hi}] rows {rows}, "
-                             "which its task semantics do not declare")
+        raise AssertionError(f"verifier: actor {self.actor} {kind} {buffer}[{lo}:{hi}] rows "
+                             f"{rows}, which its task semantics do not declare")
 
-    def read(self, buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    def read(self, buffer: str, lo: int, hi: int,
+             rows: tuple[int, int] | None = None) -> torch.Tensor:
         self._check(False, buffer, lo, hi, rows)
         v = self.mem.values[buffer]
         return (v[rows[0]:rows[1], lo:hi] if rows else v[lo:hi]).clone()
@@ -708,7 +711,7 @@ def numeric(program: Program, plan_at, steps: int, interleavings: int, seed: int
         if first is None:
             first = (logits, tokens)
             _compare(reference, logits, tokens, prompt, start)
-        elif tokens != first[1] or any(not torch.equal(a, b) for a, b in zip(logits, first[0])):
+        elif tokens != first[1] or not all(map(torch.equal, logits, first[0])):
             raise VerificationError("mismatch", f"interleaving {i} gives other logits or tokens "
                                     "than interleaving 0: the result depends on the order")
     return first
@@ -717,7 +720,7 @@ def numeric(program: Program, plan_at, steps: int, interleavings: int, seed: int
 def _compare(reference: Interpreter, logits: list[torch.Tensor], tokens: list[int],
              prompt: torch.Tensor, start: int) -> None:
     token = int(prompt[-1])
-    for s, (got, sampled) in enumerate(zip(logits, tokens)):
+    for s, (got, sampled) in enumerate(zip(logits, tokens, strict=True)):
         want = reference.run(torch.tensor([token]), torch.tensor([start + s]))["logits"][0]
         scale = float(want.abs().max())
         err = float((got - want).abs().max())
