@@ -189,3 +189,39 @@ def run_command(artifact: str, weights: str | None, random_weights: bool, seed: 
     click.echo(f"{stats.tokens} tokens in {stats.total_s:.2f} s ({why}first after "
                f"{stats.first_token_s * 1e3:.0f} ms, with a prefill of {len(ids) - 1} tokens): "
                f"{stats.tokens_per_s:.1f} tokens/s/user", err=True)
+
+
+@main.command("explain")
+@click.argument("model")
+@click.option("--target", type=click.Choice(sorted(TARGETS), case_sensitive=False),
+              default="h200", show_default=True, help="GPU to schedule for.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel ranks; the schedule shown is one rank's.")
+@click.option("--max-seq-len", type=click.IntRange(min=1), default=None,
+              help="KV-cache capacity in positions [default: max positions, at most 4096].")
+@click.option("--all-layers", is_flag=True, help="One row per layer instead of folding runs "
+              "of identical layers into one row ×N.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON dict.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a config key before validation (repeatable).")
+def explain_command(model: str, target: str, tp: int, max_seq_len: int | None,
+                    all_layers: bool, as_json: bool, overrides: tuple[str, ...]) -> None:
+    """Explain the schedule of MODEL: per fused op its tile, tasks, SMs, pipeline depth,
+    residency, roles and predicted time; the predicted latency; every decision.
+
+    MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
+    """
+    from tilertc.explain import explain, print_explanation
+
+    try:
+        spec = load_spec(model, parse_overrides(overrides))
+        ex = explain(spec, target.lower(), tp, kv_capacity(spec, max_seq_len), not all_layers)
+    except (SpecError, ValueError) as e:  # ScheduleError is a ValueError
+        raise click.ClickException(str(e)) from None
+    if as_json:
+        click.echo(json.dumps(ex.to_dict(), indent=1, sort_keys=True))
+    else:
+        console = Console()
+        if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
+            console = Console(width=200)
+        print_explanation(ex, console)

@@ -4,11 +4,14 @@ A task streams its weights at the SM's share of HBM bandwidth and reads its othe
 (KV cache) at the same rate; every op boundary costs a dependency wait plus the activation
 hand-off (`BOUNDARY_NS`, measured ~3 us per all-to-all boundary in the feasibility prototype of
 DESIGN.md). An op takes as long as its slowest SM; a step is the sum of its ops, because each
-op waits for all tasks of the op before it. The model is calibrated against `tilertc bench`.
+op waits for all tasks of the op before it. Under tensor parallelism an op whose output is a
+partial sum adds one all-reduce: the link's fixed latency plus a ring's 2(tp - 1)/tp of the
+fp32 vector over NVLink (`Target.link_*`). The model is calibrated against `tilertc bench`.
 """
 
 from __future__ import annotations
 
+from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
 
 BOUNDARY_NS = 3000.0
@@ -19,13 +22,24 @@ def task_ns(program: Program, task: Task) -> float:
     return (task.weight_bytes + task.other_bytes) / per_sm * 1e9
 
 
+def allreduce_ns(program: Program, op: Op) -> float:
+    """The all-reduce after `op` across the tp ranks, if its output is a partial sum."""
+    tp, tgt = program.tp, program.target
+    after = program.config.get("sharding", {}).get("allreduce_after", ())
+    if tp == 1 or not set(op.attrs.get("fused_from", ())) & set(after):
+        return 0.0
+    nbytes = program.graph.tensors[op.outputs[0]].numel * 4
+    return tgt.link_latency_ns + 2 * (tp - 1) / tp * nbytes / tgt.link_bandwidth * 1e9
+
+
 def op_times_ns(program: Program) -> dict[str, float]:
-    """Per fused op: the busiest SM's time on it, plus one boundary."""
+    """Per fused op: the busiest SM's time on it, plus one boundary (and an all-reduce)."""
     per: dict[str, dict[int, float]] = {}
     for t in program.tasks:
         per.setdefault(t.op, {}).setdefault(t.sm, 0.0)
         per[t.op][t.sm] += t.est_ns
-    return {op: max(sms.values()) + BOUNDARY_NS for op, sms in per.items()}
+    return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
+            for op in program.graph.ops()}
 
 
 def step_ns(program: Program) -> float:

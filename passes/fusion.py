@@ -4,7 +4,9 @@ Decides which ops become one kernel instruction. At batch 1 every op boundary co
 synchronization and a round trip of the activation through L2, while elementwise work is free
 next to the weight stream, so everything elementwise is folded into a neighbour:
 
-- `rms_norm` + the `linear`s that read it            -> `norm_matvec` (q/k/v become one op);
+- `rms_norm` + the `linear`s that read it            -> `norm_matvec` (q/k/v become one op,
+  MLA's q_a/kv_a and the DSA indexer's key and head weights too: one output, the
+  concatenation of theirs, whose parts stay addressable as views);
   with `silu_mul` over a gate/up pair                 -> `norm_matvec` epilogue `silu_mul`
   (gate and up rows interleaved so one task owns both halves of its outputs);
   with the final `argmax`                             -> `norm_matvec` epilogue `argmax`
@@ -15,6 +17,12 @@ next to the weight stream, so everything elementwise is folded into a neighbour:
   The prologue goes into attention, not into the QKV epilogue, because QKV is tiled by rows
   for balance across SMs while the prologue needs whole heads; the attention task of a KV
   group holds exactly the heads it needs.
+- MLA attention and the DSA indexer: see `fusion_mla.py`; the MoE block: `fusion_moe.py`.
+
+A fused op lists the buffers it reads and writes as inputs and outputs, so the graph's edges
+stay the true dependencies. An input that is a part of a concatenated output is read through
+its view (`locate`): the base tensor and an offset (`in_offset` of a `norm_matvec`, or the
+`io` attr of the other fused ops: role -> [base tensor, offset]).
 """
 
 from __future__ import annotations
@@ -22,93 +30,150 @@ from __future__ import annotations
 from tilertc.ir.graph import Graph, Op, TensorKind
 from tilertc.passes.program import Program, ScheduleError
 
-FUSED_OPCODES = ("embed", "norm_matvec", "matvec_add", "attention", "argmax")
+FUSED_OPCODES = ("embed", "norm_matvec", "matvec_add", "attention", "argmax",
+                 "head_matvec", "mla_attention", "dsa_score", "dsa_topk",
+                 "moe_topk", "moe_gate_up", "moe_down_add")
+# names of multi-projection norm_matvecs by the norm that feeds them (others: "<norm>_proj")
+PROJECTION_NAMES = {"input_norm": "attn_in_proj", "q_resid_norm": "q_b_proj"}
 
 
-def _only_consumers(g: Graph, tensor: str) -> list[Op]:
-    return [op for op in g.ops() if tensor in op.inputs]
+class Fusion:
+    """The state of one fusion run: the source graph, the fused graph being built, the views
+    of concatenated outputs, and which source ops are already folded."""
+
+    def __init__(self, program: Program) -> None:
+        self.program, self.g = program, program.graph
+        self.out = Graph(self.g.name)
+        self.out.attrs = dict(self.g.attrs, views={})
+        self.out.tensors = dict(self.g.tensors)
+        self.done: set[str] = set()
+        self.writer = {t: op for op in self.g.ops() for t in op.outputs}
+
+    def emit(self, name: str, opcode: str, inputs: list[str], outputs: list[str],
+             layer: int | None, fused: list[Op], **attrs: object) -> None:
+        self.out.add(name, opcode, inputs, outputs, layer, fused_from=[o.name for o in fused],
+                     **attrs)
+        self.done.update(o.name for o in fused)
+
+    def consumers(self, tensor: str) -> list[Op]:
+        return [op for op in self.g.ops() if tensor in op.inputs]
+
+    def locate(self, tensor: str) -> tuple[str, int]:
+        """The buffer that holds `tensor` and its offset there (itself, or a concatenation)."""
+        base, offset = self.out.attrs["views"].get(tensor, (tensor, 0))
+        return base, offset
+
+    def concat(self, name: str, parts: list[str]) -> str:
+        """A new activation holding `parts` back to back; each part becomes a view of it."""
+        sizes = [self.g.tensors[p].numel for p in parts]
+        self.out.tensor(name, (sum(sizes),), "fp32", TensorKind.ACTIVATION,
+                        parts=[[p, n] for p, n in zip(parts, sizes, strict=True)])
+        at = 0
+        for p, n in zip(parts, sizes, strict=True):
+            self.out.attrs["views"][p] = [name, at]
+            at += n
+        return name
+
+    def derived(self, weight: str, kind: str, shape: tuple[int, int]) -> str:
+        """A weight the runtime derives from a checkpoint tensor when it packs (e.g. a
+        transposed slice); it replaces that tensor in the fused graph."""
+        src = self.g.tensors[weight]
+        name = self.out.tensor(f"{weight}.{kind}", shape, src.dtype, TensorKind.WEIGHT,
+                               src.hf_name, derived=kind, source=weight)
+        self.out.tensors.pop(weight, None)
+        return name
 
 
 def fuse(program: Program) -> Program:
-    g = program.graph
-    out = Graph(g.name)
-    out.attrs = dict(g.attrs)
-    out.tensors = dict(g.tensors)
-    ops = g.ops()
-    done: set[str] = set()
+    from tilertc.passes.fusion_mla import fuse_mla
+    from tilertc.passes.fusion_moe import fuse_moe
 
-    def emit(name: str, opcode: str, inputs: list[str], outputs: list[str], layer: int | None,
-             fused: list[Op], **attrs: object) -> None:
-        out.add(name, opcode, inputs, outputs, layer, fused_from=[o.name for o in fused], **attrs)
-        done.update(o.name for o in fused)
-
+    f = Fusion(program)
+    ops = f.g.ops()
     for op in ops:
-        if op.name in done:
+        if op.name in f.done:
             continue
         if op.opcode == "embedding":
-            emit(op.name, "embed", list(op.inputs), list(op.outputs), op.layer, [op])
+            f.emit(op.name, "embed", list(op.inputs), list(op.outputs), op.layer, [op])
         elif op.opcode == "rms_norm":
-            _fuse_norm(g, out, op, emit)
+            if any(c.opcode == "moe_router" for c in f.consumers(op.outputs[0])):
+                fuse_moe(f, op)
+            else:
+                _fuse_norm(f, op)
         elif op.opcode == "linear":
-            users = _only_consumers(g, op.outputs[0])
-            if len(users) != 1 or users[0].opcode != "add" or len(op.inputs) != 2:
-                raise ScheduleError(f"op {op.name!r}: a linear not followed by a residual add has "
-                                    "no fused form in this backend")
-            add = users[0]
-            res = next(t for t in add.inputs if t != op.outputs[0])
-            k = g.tensors[op.inputs[1]].shape[1]
-            emit(op.name, "matvec_add", [op.inputs[0], op.inputs[1], res], list(add.outputs),
-                 op.layer, [op, add], K=k, rows=g.tensors[op.inputs[1]].shape[0])
+            _fuse_residual(f, op)
         elif op.opcode in ("head_rms_norm", "rope", "kv_append", "attention"):
-            _fuse_attention(g, out, op, emit)
+            if program.spec.mla is not None:
+                fuse_mla(f, op)
+            else:
+                _fuse_attention(f, op)
         else:
-            raise ScheduleError(f"op {op.name!r}: opcode {op.opcode!r} has no fused form in this "
-                                "backend yet (dense GQA/SwiGLU models are supported)")
-    program.graph = out
+            raise ScheduleError(f"op {op.name!r}: opcode {op.opcode!r} has no fused form")
+    program.graph = f.out
     counts: dict[str, int] = {}
-    for op in out.ops():
+    for op in f.out.ops():
         counts[op.opcode] = counts.get(op.opcode, 0) + 1
-    program.decide("fusion", f"{len(ops)} ops -> {len(out.ops())} fused ops: " +
+    program.decide("fusion", f"{len(ops)} ops -> {len(f.out.ops())} fused ops: " +
                    ", ".join(f"{n} {k}" for k, n in counts.items()))
     return program
 
 
-def _fuse_norm(g: Graph, out: Graph, norm: Op, emit) -> None:
-    linears = _only_consumers(g, norm.outputs[0])
+def _fuse_residual(f: Fusion, op: Op) -> None:
+    users = f.consumers(op.outputs[0])
+    if len(users) != 1 or users[0].opcode != "add" or len(op.inputs) != 2:
+        raise ScheduleError(f"op {op.name!r}: a linear not followed by a residual add has "
+                            "no fused form in this backend")
+    add = users[0]
+    res = next(t for t in add.inputs if t != op.outputs[0])
+    k = f.g.tensors[op.inputs[1]].shape[1]
+    f.emit(op.name, "matvec_add", [op.inputs[0], op.inputs[1], res], list(add.outputs),
+           op.layer, [op, add], K=k, rows=f.g.tensors[op.inputs[1]].shape[0])
+
+
+def _fuse_norm(f: Fusion, norm: Op) -> None:
+    g = f.g
+    linears = f.consumers(norm.outputs[0])
     if not linears or any(op.opcode != "linear" or len(op.inputs) != 2 for op in linears):
         raise ScheduleError(f"op {norm.name!r}: rms_norm must feed bias-free linears to be fused")
     weights = [op.inputs[1] for op in linears]
     k = g.tensors[weights[0]].shape[1]
-    x, gamma = norm.inputs
-    users = [u for op in linears for u in _only_consumers(g, op.outputs[0])]
-    name = linears[0].name if len(linears) == 1 else f"layers.{norm.layer}.qkv_proj"
-    if len(linears) == 2 and len(users) == 2 and users[0] is users[1] and users[0].opcode == "silu_mul":
+    x, offset = f.locate(norm.inputs[0])
+    gamma = norm.inputs[1]
+    common = {"K": k, "eps": norm.attrs["eps"], "in_offset": offset}
+    users = [u for op in linears for u in f.consumers(op.outputs[0])]
+    if len(linears) == 2 and len(users) == 2 and users[0] is users[1] and \
+            users[0].opcode == "silu_mul":
         act = users[0]
         rows = g.tensors[weights[0]].shape[0]
-        name = f"layers.{norm.layer}.gate_up_proj"
-        emit(name, "norm_matvec", [x, gamma, *weights], list(act.outputs), norm.layer,
-             [norm, *linears, act], K=k, rows=rows, eps=norm.attrs["eps"], epilogue="silu_mul",
-             interleave=True)
+        name = linears[0].name.rsplit(".", 1)[0] + ".gate_up_proj"
+        f.emit(name, "norm_matvec", [x, gamma, *weights], list(act.outputs), norm.layer,
+               [norm, *linears, act], rows=rows, epilogue="silu_mul", interleave=True, **common)
         return
     if len(linears) == 1 and len(users) == 1 and users[0].opcode == "argmax":
         rows = g.tensors[weights[0]].shape[0]
-        emit(name, "norm_matvec", [x, gamma, *weights], list(linears[0].outputs), norm.layer,
-             [norm, linears[0]], K=k, rows=rows, eps=norm.attrs["eps"], epilogue="argmax",
-             interleave=False)
+        f.emit(linears[0].name, "norm_matvec", [x, gamma, *weights], list(linears[0].outputs),
+               norm.layer, [norm, linears[0]], rows=rows, epilogue="argmax", interleave=False,
+               **common)
         sample = users[0]
-        emit(sample.name, "argmax", list(sample.inputs), list(sample.outputs), None, [sample])
+        f.emit(sample.name, "argmax", list(sample.inputs), list(sample.outputs), None, [sample])
         return
     rows = sum(g.tensors[w].shape[0] for w in weights)
-    fused_out = out.tensor(f"layers.{norm.layer}.qkv" if len(linears) > 1 else linears[0].outputs[0] + ".fused",
-                           (rows,), "fp32", TensorKind.ACTIVATION,
-                           parts=[[op.outputs[0], g.tensors[op.outputs[0]].shape[0]] for op in linears])
-    emit(name, "norm_matvec", [x, gamma, *weights], [fused_out], norm.layer, [norm, *linears],
-         K=k, rows=rows, eps=norm.attrs["eps"], epilogue="none", interleave=False)
+    if len(linears) == 1:
+        name, out = linears[0].name, linears[0].outputs[0]
+    elif [op.name.rsplit(".", 1)[-1] for op in linears] == ["q_proj", "k_proj", "v_proj"]:
+        name = f"layers.{norm.layer}.qkv_proj"
+        out = f.concat(f"layers.{norm.layer}.qkv", [op.outputs[0] for op in linears])
+    else:
+        short = norm.name.rsplit(".", 1)[-1]
+        name = f"layers.{norm.layer}.{PROJECTION_NAMES.get(short, short + '_proj')}"
+        out = f.concat(name, [op.outputs[0] for op in linears])
+    f.emit(name, "norm_matvec", [x, gamma, *weights], [out], norm.layer, [norm, *linears],
+           rows=rows, epilogue="none", interleave=False, **common)
 
 
-def _fuse_attention(g: Graph, out: Graph, first: Op, emit) -> None:
+def _fuse_attention(f: Fusion, first: Op) -> None:
     """Fold the qk-norm/rope/kv-append chain of one layer into its attention op."""
-    chain = [op for op in g.ops() if op.layer == first.layer and
+    chain = [op for op in f.g.ops() if op.layer == first.layer and
              op.opcode in ("head_rms_norm", "rope", "kv_append", "attention")]
     attn = chain[-1]
     if attn.opcode != "attention":
@@ -116,13 +181,13 @@ def _fuse_attention(g: Graph, out: Graph, first: Op, emit) -> None:
     by_code: dict[str, list[Op]] = {}
     for op in chain:
         by_code.setdefault(op.opcode, []).append(op)
-    qkv = next(op for op in out.ops() if op.layer == first.layer and op.opcode == "norm_matvec"
-               and op.name.endswith("qkv_proj"))
+    qkv = next(op for op in f.out.ops() if op.layer == first.layer and
+               op.opcode == "norm_matvec" and op.name.endswith("qkv_proj"))
     norms = [op.inputs[1] for op in by_code.get("head_rms_norm", [])]
     kv = by_code["kv_append"][0]
     rope = by_code["rope"][0]
     a = attn.attrs
-    emit(attn.name, "attention", [qkv.outputs[0], *norms, *kv.outputs], list(attn.outputs),
-         attn.layer, chain, n_heads=a["n_heads"], n_kv_heads=a["n_kv_heads"], head_dim=a["head_dim"],
-         scale=a["scale"], rope=rope.attrs["rope"], qk_norm=bool(norms),
-         eps=by_code["head_rms_norm"][0].attrs["eps"] if norms else 0.0)
+    f.emit(attn.name, "attention", [qkv.outputs[0], *norms, *kv.outputs], list(attn.outputs),
+           attn.layer, chain, n_heads=a["n_heads"], n_kv_heads=a["n_kv_heads"],
+           head_dim=a["head_dim"], scale=a["scale"], rope=rope.attrs["rope"],
+           qk_norm=bool(norms), eps=by_code["head_rms_norm"][0].attrs["eps"] if norms else 0.0)

@@ -11,10 +11,12 @@ from tilertc.passes.program import Program
 from tilertc.passes.residency import place
 from tilertc.passes.roles import assign_roles
 from tilertc.passes.scheduling import schedule
+from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
 from tilertc.passes.tiling import tile
 
 PASSES = [
+    shard,  # per-rank shard of every op under tensor parallelism
     fuse,  # elementwise work into matrix-vector ops and attention
     tile,  # tasks per fused op, balanced bytes per SM
     place,  # buffers, weight ring depth, shared-memory plan

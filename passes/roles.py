@@ -24,9 +24,6 @@ def assign_roles(program: Program) -> Program:
     if threads * REGS_PER_THREAD > program.target.regs_per_sm:
         raise ScheduleError(f"{warps} compute warps at {REGS_PER_THREAD} registers exceed "
                             f"the register file of {program.target.name}")
-    if program.tp != 1:
-        raise ScheduleError(f"--tp {program.tp}: tensor parallelism is not implemented in this "
-                            "backend yet (only --tp 1)")
     program.config.update(compute_warps=warps, threads=threads, ctas=program.target.num_sms)
     program.decide("roles", f"per CTA: 1 loader warp + {warps} compute warps "
                    f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM")

@@ -102,6 +102,16 @@ def sources(ctx: Context, op: Op) -> list[Op]:
     return [ctx.source(n) for n in op.attrs["fused_from"]]
 
 
+def source(ctx: Context, op: Op, opcode: str) -> Op:
+    """The constituent op of `op` with `opcode` (the first, if several)."""
+    return next(o for o in sources(ctx, op) if o.opcode == opcode)
+
+
+# `linear` semantics do not depend on the op: this one stands for the projections a fused op
+# folds in (including a router's, whose op is `moe_router`).
+LINEAR = Op("linear", "linear", (), ())
+
+
 # -- embed and argmax ----------------------------------------------------------------------------
 
 def _embed_accesses(program: Program, t: Task, pos: int) -> list[Access]:
@@ -147,7 +157,8 @@ KINDS["argmax"] = TaskKind(_argmax_accesses, _argmax)
 def _matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     op = program.graph.op(t.op)
     r0, r1 = t.rows
-    out = [read(op.inputs[0], 0, op.attrs["K"])]
+    x0 = op.attrs.get("in_offset", 0)
+    out = [read(op.inputs[0], x0, x0 + op.attrs["K"])]
     if op.opcode == "matvec_add":
         out.append(read(op.inputs[2], r0, r1))
     out.append(write(op.outputs[0], r0, r1))
@@ -156,21 +167,24 @@ def _matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     return out
 
 
-def _segment_products(ctx: Context, t: Task, op: Op, x: torch.Tensor) -> list[torch.Tensor]:
-    """x · W[rows]ᵀ for each weight segment of the task, by the linear op that owns W."""
-    linear = {o.inputs[1]: o for o in sources(ctx, op) if o.opcode == "linear"}
-    return [run("linear", linear[s.tensor], [x, ctx.weight(s.tensor)[s.row0:s.row1]], ctx)
+def _segment_products(ctx: Context, t: Task, x: torch.Tensor) -> list[torch.Tensor]:
+    """x · W[rows]ᵀ for each weight segment of the task."""
+    return [run("linear", LINEAR, [x, ctx.weight(s.tensor)[s.row0:s.row1]], ctx)
             for s in t.segments]
+
+
+def normed_input(ctx: Context, op: Op) -> torch.Tensor:
+    """The input vector of a task with a norm prologue, normalized: [1, K]."""
+    x0 = op.attrs["in_offset"]
+    x = ctx.read(op.inputs[0], x0, x0 + op.attrs["K"])[None]
+    return run("rms_norm", source(ctx, op, "rms_norm"), [x, ctx.weight(op.inputs[1])], ctx)
 
 
 def _norm_matvec(ctx: Context, t: Task) -> None:
     op = ctx.program.graph.op(t.op)
-    src = sources(ctx, op)
-    x = ctx.read(op.inputs[0], 0, op.attrs["K"])[None]
-    xn = run("rms_norm", src[0], [x, ctx.weight(op.inputs[1])], ctx)
-    ys = _segment_products(ctx, t, op, xn)
+    ys = _segment_products(ctx, t, normed_input(ctx, op))
     if op.attrs["epilogue"] == "silu_mul":
-        y = run("silu_mul", next(o for o in src if o.opcode == "silu_mul"), ys, ctx)
+        y = run("silu_mul", source(ctx, op, "silu_mul"), ys, ctx)
     else:
         y = torch.cat(ys, dim=-1)
     ctx.write(op.outputs[0], t.rows[0], y[0])
@@ -183,10 +197,9 @@ def _norm_matvec(ctx: Context, t: Task) -> None:
 def _matvec_add(ctx: Context, t: Task) -> None:
     op = ctx.program.graph.op(t.op)
     x = ctx.read(op.inputs[0], 0, op.attrs["K"])[None]
-    (y,) = _segment_products(ctx, t, op, x)
-    add = next(o for o in sources(ctx, op) if o.opcode == "add")
+    (y,) = _segment_products(ctx, t, x)
     res = ctx.read(op.inputs[2], *t.rows)[None]
-    ctx.write(op.outputs[0], t.rows[0], run("add", add, [res, y], ctx)[0])
+    ctx.write(op.outputs[0], t.rows[0], run("add", source(ctx, op, "add"), [res, y], ctx)[0])
 
 
 KINDS["norm_matvec"] = TaskKind(_matvec_accesses, _norm_matvec)
@@ -201,8 +214,30 @@ KINDS["matvec_add"] = TaskKind(_matvec_accesses, _matvec_add)
 # and size as the kernel's partials); the group's merge weighs them.
 
 def chunk_bounds(pos: int, chunk: int, chunks: int) -> tuple[int, int]:
+    """Rows [k0, k1) of chunk `chunk` of a context of pos + 1 rows, as the kernel cuts it."""
     n = pos + 1
     return n * chunk // chunks, n * (chunk + 1) // chunks
+
+
+def chunk_result(heads: int, width: int, out: torch.Tensor | None = None,
+                 scores: torch.Tensor | None = None) -> torch.Tensor:
+    """A chunk's partial result per head: [normalized output (width), log-sum-exp of its
+    scores, unused]; an empty chunk has a log-sum-exp of -inf and weighs nothing."""
+    result = torch.zeros(heads, width + 2)
+    result[:, width] = float("-inf")
+    if out is not None:
+        result[:, :width] = out.reshape(heads, width)
+        result[:, width] = scores.logsumexp(-1)
+    return result.reshape(-1)
+
+
+def merge_chunks(ctx: Context, buffer: str, base: int, chunks: int, heads: int,
+                 width: int) -> torch.Tensor:
+    """The merged output [heads * width] of `chunks` partial results at `base`."""
+    parts = ctx.read(buffer, base, base + chunks * heads * (width + 2))
+    parts = parts.reshape(chunks, heads, width + 2)
+    weights = parts[:, :, width].softmax(0)  # [chunks, heads]
+    return (weights[..., None] * parts[:, :, :width]).sum(0).reshape(-1)
 
 
 def _attention_geometry(op: Op) -> tuple[int, int, int, int]:
@@ -255,16 +290,16 @@ def _attention(ctx: Context, t: Task) -> None:
     qkv, (kc, vc) = op.inputs[0], op.inputs[-2:]
     pos = torch.tensor([ctx.pos])
 
-    def prologue(x: torch.Tensor, role: str, heads: int, norm_input: int) -> torch.Tensor:
+    def prologue(x: torch.Tensor, role: str, heads: int) -> torch.Tensor:
         if a["qk_norm"]:
-            x = run("head_rms_norm", src[f"{role}_norm"],
-                    [x, ctx.weight(op.inputs[norm_input])], ctx, n_heads=heads)
+            norm = src[f"{role}_norm"]
+            x = run("head_rms_norm", norm, [x, ctx.weight(norm.inputs[1])], ctx, n_heads=heads)
         return run("rope", src[f"{role}_rope"], [x, pos], ctx, n_heads=heads)
 
-    q = prologue(ctx.read(qkv, g * group * hd, (g + 1) * group * hd)[None], "q", group, 1)
+    q = prologue(ctx.read(qkv, g * group * hd, (g + 1) * group * hd)[None], "q", group)
     if c == chunks - 1:
         nh, nkv = a["n_heads"], a["n_kv_heads"]
-        k = prologue(ctx.read(qkv, (nh + g) * hd, (nh + g + 1) * hd)[None], "k", 1, 2)
+        k = prologue(ctx.read(qkv, (nh + g) * hd, (nh + g + 1) * hd)[None], "k", 1)
         v = ctx.read(qkv, (nh + nkv + g) * hd, (nh + nkv + g + 1) * hd)[None]
         rows = {name: torch.zeros(ctx.pos + 1, 1, hd) for name in (kc, vc)}
         append = dataclasses.replace(src["kv_append"], outputs=(kc, vc))
@@ -272,19 +307,21 @@ def _attention(ctx: Context, t: Task) -> None:
         for name in (kc, vc):
             ctx.write(name, g * hd, rows[name][ctx.pos].reshape(-1), row=ctx.pos)
     k0, k1 = chunk_bounds(ctx.pos, c, chunks)
-    result = torch.zeros(group, hd + 2)
-    result[:, hd] = float("-inf")
+    result = chunk_result(group, hd)
     if k1 > k0:
         keys = ctx.read(kc, g * hd, (g + 1) * hd, (k0, k1)).reshape(k1 - k0, 1, hd)
         values = ctx.read(vc, g * hd, (g + 1) * hd, (k0, k1)).reshape(k1 - k0, 1, hd)
-        chunk_step = Step(torch.tensor([k1 - k0 - 1]), {}, ctx.istep.dtype)
         sliced = dataclasses.replace(src["attention"], attrs={**src["attention"].attrs,
                                                               "n_heads": group, "n_kv_heads": 1})
-        o = SEMANTICS["attention"](sliced, [q, keys, values, pos], chunk_step)[0]
+        o = SEMANTICS["attention"](sliced, [q, keys, values, pos], chunk_step(ctx, k1 - k0))[0]
         scores = torch.einsum("hd,nd->hn", q.reshape(group, hd), keys[:, 0]) * a["scale"]
-        result[:, :hd] = o.reshape(group, hd)
-        result[:, hd] = scores.logsumexp(-1)
-    ctx.write("attn_partials", (g * chunks + c) * part, result.reshape(-1))
+        result = chunk_result(group, hd, o, scores)
+    ctx.write("attn_partials", (g * chunks + c) * part, result)
+
+
+def chunk_step(ctx: Context, rows: int) -> Step:
+    """The interpreter's step for attention over `rows` gathered cache rows, all visible."""
+    return Step(torch.tensor([rows - 1]), {}, ctx.istep.dtype)
 
 
 def _attention_merge_accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
@@ -295,11 +332,8 @@ def _attention_merge_accesses(program: Program, op: Op, g: int, pos: int) -> lis
 
 def _attention_merge(ctx: Context, op: Op, g: int) -> None:
     group, hd, chunks, part = _attention_geometry(op)
-    parts = ctx.read("attn_partials", g * chunks * part, (g + 1) * chunks * part)
-    parts = parts.reshape(chunks, group, hd + 2)
-    weights = parts[:, :, hd].softmax(0)  # [chunks, heads]; an empty chunk weighs 0
-    out = (weights[..., None] * parts[:, :, :hd]).sum(0)
-    ctx.write(op.outputs[0], g * group * hd, out.reshape(-1))
+    out = merge_chunks(ctx, "attn_partials", g * chunks * part, chunks, group, hd)
+    ctx.write(op.outputs[0], g * group * hd, out)
 
 
 KINDS["attention"] = TaskKind(_attention_accesses, _attention, _attention_merge_accesses,

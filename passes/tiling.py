@@ -1,6 +1,7 @@
 """Tiling: split every fused op into tasks so that each SM streams the same bytes.
 
-Decides the tile of each task. A matrix-vector op of R output rows is cut into
+Decides the tile of each task. A matrix-vector op of R output rows (`norm_matvec`,
+`matvec_add`, and `head_matvec`, whose rows each read their head's own input) is cut into
 min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
@@ -8,8 +9,15 @@ Attention is tiled by KV head group (a task owns the query heads that share one 
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
 over the group count (capped). The chunks' partial softmax results are merged by the last
-chunk task of the group to finish, which alone signals the op. `embed` and
-`argmax` are one task each: they move a few kilobytes.
+chunk task of the group to finish, which alone signals the op. MLA attention is tiled the
+same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all share the latent cache;
+the group size bounds what a task stages), over the context or, with DSA, over the top-k
+list. The DSA indexer's scores are tiled by context chunk. The routed experts are tiled per
+slot (one slot per chosen expert): each slot's rows over all SMs, so that the expected case
+(under expert parallelism, fewer slots busy than provisioned) still spreads over the GPU;
+their weights are chosen at run time, and under expert parallelism a slot is busy with
+probability top_k / (tp x slots), which is what their bytes are counted at. `embed`, `argmax`,
+`moe_topk` and `dsa_topk` are one task each: they move a few kilobytes.
 """
 
 from __future__ import annotations
@@ -18,19 +26,33 @@ from tilertc.ir.graph import DTYPE_BYTES
 from tilertc.passes.program import Program, Task, WeightSegment
 
 MAX_ATTENTION_CHUNKS = 32
+MLA_HEADS_PER_TASK = 16
+MATVEC = ("norm_matvec", "matvec_add", "head_matvec")
+ROUTED = ("moe_gate_up", "moe_down_add")
 
 
 def row_bytes(program: Program, op) -> int:
-    """Bytes of weights behind one output row of a matrix-vector op."""
+    """Bytes of weights behind one output row of a matrix-vector op (of a routed op: with
+    every slot busy)."""
     g = program.graph
-    ws = op.inputs[2:] if op.opcode == "norm_matvec" else [op.inputs[1]]
+    if op.opcode == "moe_down_add":
+        down = op.inputs[-1]
+        return op.attrs["K"] * DTYPE_BYTES[g.tensors[down].dtype]
+    ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5]}.get(op.opcode,
+                                                                           [op.inputs[1]])
     per = [g.tensors[w].shape[1] * DTYPE_BYTES[g.tensors[w].dtype] for w in ws]
     return sum(per) if op.attrs.get("interleave") else per[0]
 
 
+def busy(program: Program, op) -> float:
+    """The expected fraction of a routed op's slots that hold an expert of this rank."""
+    a = op.attrs
+    return min(1.0, a["top_k"] / (program.tp * a["slots"]))
+
+
 def _segments(program: Program, op, r0: int, r1: int) -> list[WeightSegment]:
     g = program.graph
-    if op.opcode == "matvec_add":
+    if op.opcode in ("matvec_add", "head_matvec"):
         return [WeightSegment(op.inputs[1], r0, r1)]
     ws = list(op.inputs[2:])
     if op.attrs.get("interleave"):
@@ -45,37 +67,108 @@ def _segments(program: Program, op, r0: int, r1: int) -> list[WeightSegment]:
     return segs
 
 
-def tile(program: Program) -> Program:
-    sms = program.target.num_sms
-    g = program.graph
-    for op in g.ops():
-        if op.opcode in ("norm_matvec", "matvec_add"):
-            rows, rb = op.attrs["rows"], row_bytes(program, op)
-            n = min(rows, sms)
-            bounds = [rows * i // n for i in range(n + 1)]
+def _bounds(rows: int, n: int) -> list[int]:
+    return [rows * i // n for i in range(n + 1)]
+
+
+def _tile_rows(program: Program, op) -> None:
+    rows, rb = op.attrs["rows"], row_bytes(program, op)
+    n = min(rows, program.target.num_sms)
+    bounds = _bounds(rows, n)
+    for i in range(n):
+        r0, r1 = bounds[i], bounds[i + 1]
+        program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
+                                  _segments(program, op, r0, r1), (r1 - r0) * rb))
+    op.attrs["tile"] = {"tasks": n, "rows_per_task": (rows // n, -(-rows // n)),
+                        "bytes_per_task": -(-rows // n) * rb}
+    program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
+                   f"{rows // n}-{-(-rows // n)} rows")
+
+
+def _tile_routed(program: Program, op) -> None:
+    a, sms = op.attrs, program.target.num_sms
+    frac = busy(program, op)
+    if op.opcode == "moe_gate_up":
+        rb, inter = row_bytes(program, op), a["intermediate_size"]
+        n = min(inter, sms)
+        bounds = _bounds(inter, n)
+        for slot in range(a["slots"]):
             for i in range(n):
-                r0, r1 = bounds[i], bounds[i + 1]
-                program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
-                                          _segments(program, op, r0, r1), (r1 - r0) * rb))
-            op.attrs["tile"] = {"tasks": n, "rows_per_task": (rows // n, -(-rows // n)),
-                                "bytes_per_task": -(-rows // n) * rb}
-            program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
-                           f"{rows // n}-{-(-rows // n)} rows")
+                r0, r1 = slot * inter + bounds[i], slot * inter + bounds[i + 1]
+                program.tasks.append(Task(op.name, op.opcode, slot * n + i, (r0, r1),
+                                          weight_bytes=round((r1 - r0) * rb * frac)))
+        what = f"{a['slots']} slots x {inter} rows -> {a['slots']} x {n} tasks"
+    else:
+        shared = op.attrs["shared_intermediate"]
+        elem = row_bytes(program, op) // a["K"]
+        n = min(a["rows"], sms)
+        bounds = _bounds(a["rows"], n)
+        for i in range(n):
+            r0, r1 = bounds[i], bounds[i + 1]
+            segs = [WeightSegment(op.inputs[-1], r0, r1)] if shared else []
+            routed = (a["K"] - shared) * frac
+            program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
+                                      round((r1 - r0) * (routed + shared) * elem)))
+        what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks"
+    op.attrs["tile"] = {"tasks": len(program.tasks_of(op.name)), "busy": frac}
+    program.decide("tiling", f"{op.name}: {what}; weights picked at run time by expert id"
+                   + (f", each slot busy with probability {frac:.3g}" if frac < 1 else ""))
+
+
+def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
+                  row_bytes_: int, what: str) -> None:
+    """Tasks per (group, context chunk); the last chunk of a group to finish merges it."""
+    chunks = max(1, min(MAX_ATTENTION_CHUNKS, program.target.num_sms // groups))
+    for gi in range(groups):
+        for c in range(chunks):
+            program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
+                                      other_bytes=-(-rows // chunks) * row_bytes_))
+    op.attrs["tile"] = {"tasks": groups * chunks, "chunks": chunks, "signals": groups,
+                        "heads_per_task": heads}
+    program.decide("tiling", f"{op.name}: {groups} {what} ({heads} query heads each) x "
+                   f"{chunks} context chunks = {groups * chunks} tasks; the last chunk of a "
+                   "group to finish merges it")
+
+
+def _tile_mla_attention(program: Program, op) -> None:
+    a, seq = op.attrs, program.graph.attrs["max_seq_len"]
+    heads = max(d for d in range(1, min(a["n_heads"], MLA_HEADS_PER_TASK) + 1)
+                if a["n_heads"] % d == 0)
+    rows = seq
+    if a["dsa"]:
+        rows = min(seq, program.graph.tensors[op.inputs[3]].numel)
+    cache = program.graph.tensors[op.inputs[2]]
+    _tile_chunked(program, op, a["n_heads"] // heads, heads, rows,
+                  cache.shape[1] * DTYPE_BYTES[cache.dtype],
+                  "head groups" + (" over the indexer's top-k" if a["dsa"] else ""))
+
+
+def _tile_dsa_score(program: Program, op) -> None:
+    seq = program.graph.attrs["max_seq_len"]
+    chunks = min(MAX_ATTENTION_CHUNKS, program.target.num_sms, seq)
+    cache = program.graph.tensors[op.outputs[1]]
+    for c in range(chunks):
+        program.tasks.append(Task(op.name, op.opcode, c, (c, c + 1), other_bytes=-(-seq // chunks)
+                                  * cache.shape[1] * DTYPE_BYTES[cache.dtype]))
+    op.attrs["tile"] = {"tasks": chunks, "context_chunks": chunks}
+    program.decide("tiling", f"{op.name}: {chunks} context chunks, all indexer heads each")
+
+
+def tile(program: Program) -> Program:
+    for op in program.graph.ops():
+        if op.opcode in MATVEC:
+            _tile_rows(program, op)
+        elif op.opcode in ROUTED:
+            _tile_routed(program, op)
         elif op.opcode == "attention":
             a = op.attrs
-            groups, heads = a["n_kv_heads"], a["n_heads"] // a["n_kv_heads"]
-            chunks = max(1, min(MAX_ATTENTION_CHUNKS, sms // groups))
-            seq = g.attrs["max_seq_len"]
-            kv_bytes = 2 * -(-seq // chunks) * a["head_dim"] * 2  # K and V of a chunk at full context
-            for gi in range(groups):
-                for c in range(chunks):
-                    program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
-                                              other_bytes=kv_bytes))
-            op.attrs["tile"] = {"tasks": groups * chunks, "chunks": chunks, "signals": groups,
-                                "heads_per_task": heads}
-            program.decide("tiling", f"{op.name}: {groups} KV groups ({heads} query heads each) x "
-                           f"{chunks} context chunks = {groups * chunks} tasks; the last chunk of a "
-                           "group to finish merges it")
+            hd = a["head_dim"]
+            _tile_chunked(program, op, a["n_kv_heads"], a["n_heads"] // a["n_kv_heads"],
+                          program.graph.attrs["max_seq_len"], 2 * hd * 2, "KV groups")
+        elif op.opcode == "mla_attention":
+            _tile_mla_attention(program, op)
+        elif op.opcode == "dsa_score":
+            _tile_dsa_score(program, op)
         else:
             program.tasks.append(Task(op.name, op.opcode, 0, (0, 1)))
             op.attrs["tile"] = {"tasks": 1}

@@ -49,6 +49,7 @@ from tilertc.ir.build import build_graph
 from tilertc.ir.graph import Op, TensorKind
 from tilertc.ir.interpreter import Interpreter, Step
 from tilertc.ir.weights import random_weights
+from tilertc.passes import task_semantics_mla, task_semantics_moe  # noqa: F401 (register)
 from tilertc.passes.program import Program
 from tilertc.passes.task_semantics import KINDS, Access
 

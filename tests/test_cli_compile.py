@@ -91,7 +91,7 @@ def test_compile_unknown_model(tmp_path: Path) -> None:
 def test_compile_a_model_the_backend_cannot_schedule(tmp_path: Path) -> None:
     result = cli("compile", "qwen3-moe-tiny", "-o", str(tmp_path))
     assert result.exit_code == 1 and "Error:" in result.output
-    assert "failed: scheduling" in result.stderr
+    assert "not yet in the CUDA backend" in result.stderr  # it schedules; codegen refuses it
 
 
 def test_compile_without_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

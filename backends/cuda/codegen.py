@@ -21,7 +21,24 @@ MISC_FLOATS = 1024  # decode.cuh: Shared::red
 FLAG_BYTES = 32
 
 
+def check_supported(program: Program) -> None:
+    """The CUDA backend runs the dense fused opcodes on one GPU; anything else is refused by
+    name here, before any source is emitted."""
+    from tilertc.backends.cuda.encode import OPCODES
+
+    if program.tp != 1:
+        raise ScheduleError(f"--tp {program.tp}: tensor parallelism is not yet in the CUDA "
+                            "backend (it runs --tp 1); `tilertc explain --tp N` shows the "
+                            "per-rank schedule")
+    for op in program.graph.ops():
+        if op.opcode not in OPCODES:
+            raise ScheduleError(f"op {op.name!r}: fused opcode {op.opcode!r} is not yet in the "
+                                f"CUDA backend (it runs {', '.join(OPCODES)}); `tilertc "
+                                "explain` shows the schedule")
+
+
 def constants(program: Program) -> dict[str, object]:
+    check_supported(program)
     spec, cfg = program.spec, program.config
     attn = next(op for op in program.graph.ops() if op.opcode == "attention").attrs
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]

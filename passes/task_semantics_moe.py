@@ -1,0 +1,118 @@
+"""Tile semantics of the MoE fused opcodes (see task_semantics.py for the contract).
+
+- `moe_topk`: the interpreter's routing (`ir/moe.py` `route`) on the router logits.
+- `moe_gate_up` task of slot j, rows [r0, r1) of it: the norm prologue, then `linear` on those
+  rows of the gate and up projections of the expert the slot holds, and `silu_mul`.
+- `moe_down_add` task of rows [r0, r1): Σ_j weight_j · `linear`(act_j, down rows of slot j's
+  expert), plus the shared expert's down rows, plus the residual (`add`s of the block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilertc.ir.moe import route
+from tilertc.passes.program import Program, Task
+from tilertc.passes.task_semantics import (
+    KINDS,
+    LINEAR,
+    Access,
+    Context,
+    TaskKind,
+    normed_input,
+    read,
+    run,
+    sources,
+    write,
+)
+
+
+def _topk_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    k = op.attrs["top_k"]
+    return [read(op.inputs[0], 0, op.attrs["num_experts"]),
+            write(op.outputs[0], 0, k), write(op.outputs[1], 0, k)]
+
+
+def _topk(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    logits = ctx.read(op.inputs[0], 0, op.attrs["num_experts"])[None]
+    bias = ctx.weight(op.inputs[1]) if len(op.inputs) > 1 else None
+    ids, weights = route(logits, bias, op.attrs)
+    ctx.write(op.outputs[0], 0, ids[0])
+    ctx.write(op.outputs[1], 0, weights[0])
+
+
+KINDS["moe_topk"] = TaskKind(_topk_accesses, _topk)
+
+
+def _expert(attrs: dict, ids: torch.Tensor, slot: int) -> int:
+    """The slot's expert as an index among this rank's experts."""
+    return int(ids[slot]) - attrs["local_experts"][0]
+
+
+def _gate_up_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    slot = t.rows[0] // op.attrs["intermediate_size"]
+    return [read(op.inputs[0], 0, op.attrs["K"]), read(op.inputs[2], slot, slot + 1),
+            write(op.outputs[0], *t.rows)]
+
+
+def _gate_up(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    inter = op.attrs["intermediate_size"]
+    slot = t.rows[0] // inter
+    r0, r1 = t.rows[0] - slot * inter, t.rows[1] - slot * inter
+    e = _expert(op.attrs, ctx.read(op.inputs[2], slot, slot + 1), 0)
+    xn = normed_input(ctx, op)
+    gate, up = (ctx.weight(w)[r0:r1] for w in op.inputs[3 + 2 * e:5 + 2 * e])
+    halves = [run("linear", LINEAR, [xn, w], ctx) for w in (gate, up)]
+    ctx.write(op.outputs[0], t.rows[0], run("silu_mul", LINEAR, halves, ctx)[0])
+
+
+KINDS["moe_gate_up"] = TaskKind(_gate_up_accesses, _gate_up)
+
+
+def _down_inputs(op) -> tuple[str, str, str, str | None, str, list[str], str | None]:
+    """(act, ids, weights, shared act, residual, expert down weights, shared down weight)."""
+    shared = op.attrs["shared_intermediate"] > 0
+    act, ids, weights = op.inputs[:3]
+    rest = list(op.inputs[3:])
+    shared_act = rest.pop(0) if shared else None
+    residual = rest.pop(0)
+    shared_down = rest.pop() if shared else None
+    return act, ids, weights, shared_act, residual, rest, shared_down
+
+
+def _down_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    a = op.attrs
+    act, ids, weights, shared_act, residual, _, _ = _down_inputs(op)
+    out = [read(act, 0, a["slots"] * a["intermediate_size"]), read(ids, 0, a["slots"]),
+           read(weights, 0, a["slots"])]
+    if shared_act:
+        out.append(read(shared_act, 0, a["shared_intermediate"]))
+    return out + [read(residual, *t.rows), write(op.outputs[0], *t.rows)]
+
+
+def _down(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    a = op.attrs
+    act, ids, weights, shared_act, residual, downs, shared_down = _down_inputs(op)
+    r0, r1, inter = *t.rows, a["intermediate_size"]
+    chosen = ctx.read(ids, 0, a["slots"])
+    scale = ctx.read(weights, 0, a["slots"])
+    hidden = ctx.read(act, 0, a["slots"] * inter).reshape(a["slots"], inter)
+    y = sum(run("linear", LINEAR, [hidden[j][None],
+                                   ctx.weight(downs[_expert(a, chosen, j)])[r0:r1]], ctx)
+            * scale[j] for j in range(a["slots"]))
+    adds = [o for o in sources(ctx, op) if o.opcode == "add"]  # [combine,] residual
+    if shared_down:
+        shared = run("linear", LINEAR, [ctx.read(shared_act, 0, a["shared_intermediate"])[None],
+                                        ctx.weight(shared_down)[r0:r1]], ctx)
+        y = run("add", adds[0], [y, shared], ctx)
+    res = ctx.read(residual, r0, r1)[None]
+    ctx.write(op.outputs[0], r0, run("add", adds[-1], [res, y], ctx)[0])
+
+
+KINDS["moe_down_add"] = TaskKind(_down_accesses, _down)
