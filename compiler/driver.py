@@ -37,6 +37,7 @@ class CompileOptions:
     max_seq_len: int = 4096
     compute_warps: int | None = None  # None: the roles pass decides
     page_kb: int | None = None  # None: the residency pass decides
+    page_groups: int | None = None  # None: the roles pass decides
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -84,7 +85,7 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
         "model": {"name": spec.name, "spec_hash": spec.content_hash(), "spec": spec.to_dict(),
                   "hf_config": spec.hf_config},
         "kernel": {"name": codegen.KERNEL_NAME, "ctas": program.config["ctas"],
-                   "threads": program.config["threads"], "smem_bytes": codegen.smem_bytes(consts),
+                   "threads": program.config["threads"], "smem_bytes": program.config["smem_bytes"],
                    "constants": consts, "ptxas": ptxas, "cubin_sha256": cubin_sha},
         "max_seq_len": program.graph.attrs["max_seq_len"],
         "arenas": {"act": program.config["act_arena"], "kv": program.config["kv_arena"]},
@@ -118,7 +119,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     out.mkdir(parents=True, exist_ok=True)
     say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
     tuning = {k: v for k, v in (("compute_warps", options.compute_warps),
-                                ("page_kb", options.page_kb)) if v is not None}
+                                ("page_kb", options.page_kb),
+                                ("page_groups", options.page_groups)) if v is not None}
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
     say("emitting CUDA source")
     consts = codegen.constants(program)

@@ -38,7 +38,8 @@ __all__ = ["ArtifactError", "Engine", "WeightMismatch", "check_capacity", "check
 
 PARAM_WORDS = 23  # decode.cuh: Params, 8-byte words
 STATUS_WORDS = 8
-ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow"}
+ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow",
+               4: "weight ring stalled"}
 
 
 def _driver():

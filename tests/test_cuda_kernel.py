@@ -80,3 +80,15 @@ def test_eos_stops_the_loop(engine: Engine) -> None:
     engine.position = 0
     stopped = list(engine.generate(prompt, max_new_tokens=8, eos_token_id=free[2]))
     assert stopped == free[:free.index(free[2]) + 1]
+
+
+def test_watchdog_turns_a_stall_into_an_error(tmp_path) -> None:
+    from tilertc.backends.cuda.encode import FIELDS
+
+    out = compile(tilertc.load_spec("llama-tiny"), tmp_path, CompileOptions(max_seq_len=256))
+    eng = Engine.load(out, random_seed=0, watchdog_s=0.5)
+    waits = eng.tasks[:, FIELDS.index("wait0")]
+    victim = int(torch.nonzero(waits >= 0)[0])
+    eng.tasks[victim, FIELDS.index("wait0_n")] = 1000  # a wait no step can ever satisfy
+    with pytest.raises(RuntimeError, match="watchdog"):
+        eng.step(1)

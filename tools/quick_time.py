@@ -41,9 +41,9 @@ def profile_summary(eng: Engine, step: int = 1) -> None:
         print(f"    {name:32s} start {begin / 1e3:8.1f} span {span / 1e3:6.1f} mean task {run / 1e3:6.1f} x{n}")
 
 
-for arg in sys.argv[1:]:  # NAME or NAME:compute_warps:page_kb
+for arg in sys.argv[1:]:  # NAME or NAME:compute_warps:page_kb[:page_groups]
     name, *knobs = arg.split(":")
-    opts = CompileOptions(max_seq_len=2048, **dict(zip(("compute_warps", "page_kb"), map(int, knobs))))
+    opts = CompileOptions(max_seq_len=2048, **dict(zip(("compute_warps", "page_kb", "page_groups"), map(int, knobs))))
     out = compile(tilertc.load_spec(name), f"/tmp/qt_{arg}", opts)
     eng = Engine.load(out, random_seed=1)
     name = arg

@@ -14,11 +14,10 @@ import subprocess
 from pathlib import Path
 
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.residency import REDUCTION_FLOATS
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
-MISC_FLOATS = 1024  # decode.cuh: Shared::red
-FLAG_BYTES = 32
 
 
 def check_supported(program: Program) -> None:
@@ -46,10 +45,12 @@ def constants(program: Program) -> dict[str, object]:
         raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
+        "PAGE_GROUPS": cfg["page_groups"],
         "RING_PAGES": cfg["ring_pages"],
         "PAGE_BYTES": cfg["page_bytes"],
         "MAX_K": -(-cfg["vec_floats"] // 4) * 4,
         "ACC_FLOATS": -(-cfg["acc_floats"] // 4) * 4,
+        "MISC_FLOATS": REDUCTION_FLOATS,
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
         "N_HEADS": attn["n_heads"],
@@ -61,13 +62,6 @@ def constants(program: Program) -> dict[str, object]:
         "QK_NORM_EPS": f"{attn['eps']!r}f" if attn["qk_norm"] else "0.0f",
         "ROPE_INTERLEAVED": int(attn["rope"]["interleaved"]),
     }
-
-
-def smem_bytes(consts: dict[str, object]) -> int:
-    """Dynamic shared memory of the kernel: decode.cuh's `carve` layout."""
-    ring = int(consts["RING_PAGES"]) * int(consts["PAGE_BYTES"])
-    floats = int(consts["MAX_K"]) + MISC_FLOATS + int(consts["ACC_FLOATS"])
-    return ring + 4 * floats + 16 * int(consts["RING_PAGES"]) + FLAG_BYTES
 
 
 def emit_source(program: Program) -> str:

@@ -42,7 +42,7 @@ struct Params {
   long long profile_steps, n_tasks;
 };
 enum Status : int { ST_ERROR, ST_ERROR_SM, ST_ERROR_TASK, ST_ERROR_COUNTER, ST_STOP, ST_STEPS, STATUS_WORDS };
-enum ErrorCode : int { ERR_NONE = 0, ERR_WATCHDOG = 1, ERR_BAD_TOKEN = 2, ERR_CONTEXT = 3 };
+enum ErrorCode : int { ERR_NONE = 0, ERR_WATCHDOG = 1, ERR_BAD_TOKEN = 2, ERR_CONTEXT = 3, ERR_RING = 4 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -76,6 +76,11 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+__device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -84,6 +89,25 @@ __device__ __forceinline__ unsigned long long now_ns() {
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
+// Waits on a ring mbarrier with the same watchdog as counter waits: a protocol bug becomes an
+// error (ERR_RING) instead of a hang. Returns false when the kernel is failing.
+__device__ bool ring_wait(const Params& p, uint64_t* bar, uint32_t parity, volatile int* quit) {
+  unsigned spins = 0;
+  unsigned long long start = 0;
+  while (!mbar_try_wait(bar, parity)) {
+    if (quit && *quit) return false;
+    if ((++spins & 4095) == 0) {
+      if (start == 0) start = now_ns();
+      if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) return false;
+      if (now_ns() - start > static_cast<unsigned long long>(p.watchdog_ns)) {
+        if (atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_RING) == ERR_NONE) p.status[ST_ERROR_SM] = blockIdx.x;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Named barrier 1 spans the compute warps only, so the loader never takes part.
 __device__ __forceinline__ void compute_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(COMPUTE_WARPS * 32) : "memory");
@@ -107,10 +131,9 @@ struct Shared {
   float* red;            // reduction scratch, MISC_FLOATS
   float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
   uint64_t* full;        // RING_PAGES: page holds weights
-  uint64_t* empty;       // RING_PAGES: compute is done with the page
+  uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
   volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users)
 };
-constexpr int MISC_FLOATS = 1024;
 
 __device__ __forceinline__ Shared carve(uint8_t* base) {
   Shared s;
@@ -148,8 +171,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
       for (int r = 0; r < rows; r += rpp) {
         const int slot = issued % RING_PAGES;
         const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
-        while (!mbar_try_wait(&s.empty[slot], parity))
-          if (s.flags[0]) goto drain;
+        if (!ring_wait(p, &s.empty[slot], parity, &s.flags[0])) goto drain;
         const uint32_t bytes = min(rpp, rows - r) * rb;
         mbar_expect_tx(&s.full[slot], bytes);
         bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
@@ -160,8 +182,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
 drain:
   while (!s.flags[0]) __nanosleep(256);
   for (uint32_t c = s.flags[1]; c < issued; ++c)
-    while (!mbar_try_wait(&s.full[c % RING_PAGES], (c / RING_PAGES) & 1)) {
-    }
+    if (!ring_wait(p, &s.full[c % RING_PAGES], (c / RING_PAGES) & 1, nullptr)) break;
 }
 
 // ---- compute: dependencies -----------------------------------------------------------------
@@ -203,12 +224,11 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
   return s.flags[2];
 }
 
+// The barrier orders every compute thread's writes before thread 0's release, and release is
+// cumulative, so no separate fence is needed (a full fence costs a round trip to L2).
 __device__ void signal_done(const Params& p, const int* t) {
   compute_sync();
-  if (threadIdx.x == 32) {
-    __threadfence();
-    red_release(&p.counters[t[F_SIGNAL]], 1);
-  }
+  if (threadIdx.x == 32) red_release(&p.counters[t[F_SIGNAL]], 1);
 }
 
 // ---- compute: matrix-vector tasks ----------------------------------------------------------
@@ -220,33 +240,34 @@ __device__ void signal_done(const Params& p, const int* t) {
 // end of the task.
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   const int k4 = t[F_K] / 4;
+  const bool norm = t[F_OPCODE] == OP_NORM_MATVEC;
   const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   float4* v = reinterpret_cast<float4*>(s.vec);
   float ss = 0.f;
+  // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
+  // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
-    const float4 a = __ldcg(x + i);
-    v[i] = a;
+    float4 a = __ldcg(x + i);
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    if (norm) {
+      const float4 g = __ldcg(gamma + i);
+      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+    }
+    v[i] = a;
   }
-  if (t[F_OPCODE] != OP_NORM_MATVEC) {
+  if (!norm) {
     compute_sync();
     return;
   }
   ss = warp_sum(ss);
   if ((ct & 31) == 0) s.red[ct >> 5] = ss;
   compute_sync();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
-  const float rstd = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
-  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
-  for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
-    const float4 g = __ldcg(gamma + i);
-    float4 a = v[i];
-    a.x *= rstd * g.x; a.y *= rstd * g.y; a.z *= rstd * g.z; a.w *= rstd * g.w;
-    v[i] = a;
+  if (ct == 0) {
+    float total = 0.f;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
+    s.red[COMPUTE_WARPS] = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
   }
-  compute_sync();
 }
 
 // Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
@@ -268,27 +289,34 @@ __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int
   return warp_sum(acc);
 }
 
+// Pages are dealt round-robin to PAGE_GROUPS groups of warps, so that the latency of one page
+// (wait, loads, reductions, release) overlaps with the others' instead of adding up.
+constexpr int GROUP_WARPS = COMPUTE_WARPS / PAGE_GROUPS;
+
 __device__ __forceinline__ int warps_per_row(int rows_in_page) {
   int wpr = 1;
-  while (wpr * 2 * rows_in_page <= COMPUTE_WARPS) wpr *= 2;
+  while (wpr * 2 * rows_in_page <= GROUP_WARPS) wpr *= 2;
   return wpr;
 }
 
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
-  const int warp = ct >> 5, lane = ct & 31;
+  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
   for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+  const bool add = t[F_OPCODE] == OP_MATVEC_ADD;
+  const float res = add && ct < rows ? __ldcg(p.act + t[F_AUX] + row0 + ct) : 0.f;  // prefetched
   stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
-  const int my_seg = warp % wpr, begin = my_seg * seg, end = min(k8, begin + seg);
-  for (int r = 0; r < rows; r += rpp) {
-    const int slot = consumed % RING_PAGES;
-    while (!mbar_try_wait(&s.full[slot], (consumed / RING_PAGES) & 1)) {
-    }
+  const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
+  uint32_t page_index = consumed;
+  for (int r = 0; r < rows; r += rpp, ++page_index) {
+    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
+    const int slot = page_index % RING_PAGES;
+    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
     const uint8_t* page = s.ring + slot * PAGE_BYTES;
     const int n = min(rpp, rows - r);
-    for (int rr = warp / wpr; rr < n; rr += COMPUTE_WARPS / wpr) {
+    for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
       for (int h = 0; h < halves; ++h) {
         const float y = dot_segment(w + h * k8, s.vec, begin, end, lane);
@@ -300,16 +328,17 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     }
     __syncwarp();
     if (lane == 0) mbar_arrive(&s.empty[slot]);
-    ++consumed;
   }
+  consumed = page_index;
   compute_sync();
   float* out = p.act + t[F_OUT];
+  const float rstd = t[F_OPCODE] == OP_NORM_MATVEC ? s.red[COMPUTE_WARPS] : 1.f;
   float best = -INFINITY;
   int best_row = 0x7fffffff;
   for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
-    float y = s.acc[i * halves];
-    if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1];
-    if (t[F_OPCODE] == OP_MATVEC_ADD) y += __ldcg(p.act + t[F_AUX] + row0 + i);
+    float y = s.acc[i * halves] * rstd;
+    if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1] * rstd;
+    if (add) y += i == ct ? res : __ldcg(p.act + t[F_AUX] + row0 + i);
     __stcg(out + row0 + i, y);
     if (y > best) {  // rows visited in increasing order: the first maximum wins ties
       best = y;
@@ -327,15 +356,15 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
       best_row = i;
     }
   }
-  if (lane == 0) {
-    s.red[2 * warp] = best;
-    s.red[2 * warp + 1] = __int_as_float(best_row);
+  if (lane == 0) {  // after rstd was read: every thread read it before the loop above
+    s.red[2 * COMPUTE_WARPS + 2 + 2 * warp] = best;
+    s.red[2 * COMPUTE_WARPS + 3 + 2 * warp] = __int_as_float(best_row);
   }
   compute_sync();
   if (ct == 0) {
     for (int w = 1; w < COMPUTE_WARPS; ++w) {
-      const float v = s.red[2 * w];
-      const int i = __float_as_int(s.red[2 * w + 1]);
+      const float v = s.red[2 * COMPUTE_WARPS + 2 + 2 * w];
+      const int i = __float_as_int(s.red[2 * COMPUTE_WARPS + 3 + 2 * w]);
       if (v > best || (v == best && i < best_row)) {
         best = v;
         best_row = i;
@@ -360,19 +389,20 @@ constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: o
 constexpr int KEYS_IN_FLIGHT = 4;
 __device__ __forceinline__ bool owns(int lane, int j) { return lane * DPL + j < HEAD_DIM; }
 
-__device__ void norm_and_rope(const Params& p, float* v, const float* gamma, long long pos, int lane) {
+// gamma (qk-norm weight) and cs (this position's [HEAD_DIM/2 cos | HEAD_DIM/2 sin]) are staged
+// in shared memory.
+__device__ void norm_and_rope(float* v, const float* gamma, const float* cs, int lane) {
   if (QK_NORM) {
     float ss = 0.f;
     for (int d = lane; d < HEAD_DIM; d += 32) ss += v[d] * v[d];
     const float rstd = rsqrtf(warp_sum(ss) / HEAD_DIM + QK_NORM_EPS);
     __syncwarp();
-    for (int d = lane; d < HEAD_DIM; d += 32) v[d] *= rstd * __ldcg(gamma + d);
+    for (int d = lane; d < HEAD_DIM; d += 32) v[d] *= rstd * gamma[d];
     __syncwarp();
   }
-  const float* cs = p.act + p.rope_offset + pos * HEAD_DIM;  // [HEAD_DIM/2 cos | HEAD_DIM/2 sin]
   for (int i = lane; i < HEAD_DIM / 2; i += 32) {
     const int ia = ROPE_INTERLEAVED ? 2 * i : i, ib = ROPE_INTERLEAVED ? 2 * i + 1 : i + HEAD_DIM / 2;
-    const float c = __ldcg(cs + i), sn = __ldcg(cs + HEAD_DIM / 2 + i);
+    const float c = cs[i], sn = cs[HEAD_DIM / 2 + i];
     const float a = v[ia], b = v[ib];
     v[ia] = a * c - b * sn;
     v[ib] = b * c + a * sn;
@@ -388,8 +418,18 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   const float* qkv = p.act + t[F_IN];
   float* q = s.vec;                       // [GROUP][HEAD_DIM]
   float* kv = s.vec + GROUP * HEAD_DIM;   // [2][HEAD_DIM]
-  float* out = kv + 2 * HEAD_DIM;         // [GROUP][HEAD_DIM + 2]: sums, then max and l
+  float* cs = kv + 2 * HEAD_DIM;          // [HEAD_DIM]: RoPE cos | sin at this position
+  float* gq = cs + HEAD_DIM;              // [HEAD_DIM]: qk-norm weight of the queries
+  float* gk = gq + HEAD_DIM;              // [HEAD_DIM]: qk-norm weight of the key
+  float* out = gk + HEAD_DIM;             // [GROUP][HEAD_DIM + 2]: sums, then max and l
   for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) q[i] = __ldcg(qkv + g * GROUP * HEAD_DIM + i);
+  for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
+    cs[i] = __ldcg(p.act + p.rope_offset + pos * HEAD_DIM + i);
+    if (QK_NORM) {
+      gq[i] = __ldcg(p.act + t[F_AUX] + i);
+      gk[i] = __ldcg(p.act + t[F_AUX2] + i);
+    }
+  }
   if (last_chunk)
     for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
       kv[i] = __ldcg(qkv + (N_HEADS + g) * HEAD_DIM + i);
@@ -400,7 +440,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   for (int v = warp; v <= GROUP; v += COMPUTE_WARPS) {  // vectors 0..GROUP-1: queries; GROUP: key
     const bool is_key = v == GROUP;
     if (is_key && !last_chunk) continue;
-    norm_and_rope(p, is_key ? kv : q + v * HEAD_DIM, p.act + (is_key ? t[F_AUX2] : t[F_AUX]), pos, lane);
+    norm_and_rope(is_key ? kv : q + v * HEAD_DIM, is_key ? gk : gq, cs, lane);
   }
   compute_sync();
   __nv_bfloat16* kc = p.kv + t[F_KCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
@@ -476,10 +516,8 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) __stcg(parts + c * PART + i, out[i]);
   // Arrive on the group's counter; the last of the step's `chunks` arrivals merges.
   compute_sync();
-  if (ct == 0) {
-    __threadfence();
-    const unsigned before = atomicAdd(&p.counters[t[F_ARRIVE] + g], 1u);
-    __threadfence();
+  if (ct == 0) {  // release this chunk's results; acquire the other chunks' if it is the last
+    const unsigned before = atom_add_acq_rel(&p.counters[t[F_ARRIVE] + g], 1u);
     s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
   }
   compute_sync();
@@ -598,7 +636,7 @@ extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < RING_PAGES; ++i) {
       mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], COMPUTE_WARPS);
+      mbar_init(&s.empty[i], GROUP_WARPS);
     }
     s.flags[0] = 0;
     s.flags[1] = 0;
