@@ -33,13 +33,19 @@ from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.rope import cos_sin
 from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
 
-__all__ = ["ArtifactError", "Engine", "WeightMismatch", "check_capacity", "check_device",
-           "check_weights", "read_manifest"]
+__all__ = [
+    "ArtifactError",
+    "Engine",
+    "WeightMismatch",
+    "check_capacity",
+    "check_device",
+    "check_weights",
+    "read_manifest",
+]
 
 PARAM_WORDS = 23  # decode.cuh: Params, 8-byte words
 STATUS_WORDS = 8
-ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow",
-               4: "weight ring stalled"}
+ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weight ring stalled"}
 
 
 def _driver():
@@ -58,8 +64,14 @@ def _check(result: tuple, what: str) -> Any:
 class Engine:
     """A compiled model on one GPU, with its KV cache and position."""
 
-    def __init__(self, artifact: Path, manifest: dict[str, Any], weights: dict[str, torch.Tensor],
-                 device: torch.device, watchdog_s: float) -> None:
+    def __init__(
+        self,
+        artifact: Path,
+        manifest: dict[str, Any],
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        watchdog_s: float,
+    ) -> None:
         self.artifact, self.m, self.device = artifact, manifest, device
         self.spec = model_spec(manifest)
         self.graph = build_graph(self.spec, manifest["max_seq_len"])
@@ -74,8 +86,14 @@ class Engine:
 
     # -- loading ------------------------------------------------------------------------------
     @classmethod
-    def load(cls, artifact: str | Path, weights: WeightSource | None = None, device: str = "cuda:0",
-             random_seed: int | None = None, watchdog_s: float = 5.0) -> Engine:
+    def load(
+        cls,
+        artifact: str | Path,
+        weights: WeightSource | None = None,
+        device: str = "cuda:0",
+        random_seed: int | None = None,
+        watchdog_s: float = 5.0,
+    ) -> Engine:
         """Load `artifact` with `weights` (HF state dict or safetensors path), or random bf16
         weights drawn with `random_seed` when `weights` is None."""
         path = Path(artifact)
@@ -83,9 +101,12 @@ class Engine:
         dev = torch.device(device)
         if not torch.cuda.is_available():
             raise ArtifactError("no CUDA GPU is available to run the artifact")
-        check_device(m, torch.cuda.get_device_capability(dev),
-                     torch.cuda.get_device_properties(dev).multi_processor_count,
-                     torch.cuda.get_device_name(dev))
+        check_device(
+            m,
+            torch.cuda.get_device_capability(dev),
+            torch.cuda.get_device_properties(dev).multi_processor_count,
+            torch.cuda.get_device_name(dev),
+        )
         if weights is None:
             sd = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=random_seed or 0)
         else:
@@ -108,7 +129,7 @@ class Engine:
             parts = [rows(*seg) for seg in entry["segments"]]
             block = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
             off = entry["offset"] // 2
-            packed[off:off + block.numel()] = block.reshape(-1)
+            packed[off : off + block.numel()] = block.reshape(-1)
         on_dev.clear()
         self.packed = packed
         self.act = torch.zeros(m["arenas"]["act"], dtype=torch.float32, device=dev)
@@ -136,37 +157,72 @@ class Engine:
 
     def _act(self, name: str) -> torch.Tensor:
         b = self.m["buffers"][name]
-        return self.act[b["offset"]:b["offset"] + b["numel"]]
+        return self.act[b["offset"] : b["offset"] + b["numel"]]
 
     def _load_cubin(self) -> None:
         drv = _driver()
         blob = read_cubin(self.artifact, self.m)
         torch.cuda.init()
         self._module = _check(drv.cuModuleLoadData(blob), "cuModuleLoadData")
-        self._func = _check(drv.cuModuleGetFunction(self._module, self.m["kernel"]["name"].encode()),
-                            "cuModuleGetFunction")
+        self._func = _check(
+            drv.cuModuleGetFunction(self._module, self.m["kernel"]["name"].encode()),
+            "cuModuleGetFunction",
+        )
         smem = self.m["kernel"]["smem_bytes"]
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _check(drv.cuFuncSetAttribute(self._func, attr, smem), "cuFuncSetAttribute")
-        per_sm = _check(drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-            self._func, self.m["kernel"]["threads"], smem), "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+        per_sm = _check(
+            drv.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                self._func, self.m["kernel"]["threads"], smem
+            ),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )
         if per_sm < 1:
-            raise ArtifactError(f"the kernel ({self.m['kernel']['threads']} threads, {smem} B shared "
-                                "memory) cannot be resident on this GPU")
+            raise ArtifactError(
+                f"the kernel ({self.m['kernel']['threads']} threads, {smem} B shared "
+                "memory) cannot be resident on this GPU"
+            )
 
     # -- decoding -----------------------------------------------------------------------------
     def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int) -> None:
         if start_pos + n_steps > self.max_seq_len:
-            raise ValueError(f"decoding {n_steps} tokens from position {start_pos} exceeds the KV "
-                             f"capacity of {self.max_seq_len} (compile with a larger --max-seq-len)")
-        ptr = [t.data_ptr() for t in (self.tasks, self.stream_offsets, self.stream_tasks, self.packed,
-                                      self.act, self.kv, self.embed, self.counters, self.device_tokens,
-                                      self.host_tokens, self.host_count, self.host_stop, self.status)]
+            raise ValueError(
+                f"decoding {n_steps} tokens from position {start_pos} exceeds the KV "
+                f"capacity of {self.max_seq_len} (compile with a larger --max-seq-len)"
+            )
+        ptr = [
+            t.data_ptr()
+            for t in (
+                self.tasks,
+                self.stream_offsets,
+                self.stream_tasks,
+                self.packed,
+                self.act,
+                self.kv,
+                self.embed,
+                self.counters,
+                self.device_tokens,
+                self.host_tokens,
+                self.host_count,
+                self.host_stop,
+                self.status,
+            )
+        ]
         rope_off = self.m["buffers"][self.m["rope"]["buffer"]]["offset"]
         prof = self.profile.data_ptr() if self.profile is not None else 0
         prof_steps = self.profile.shape[0] if self.profile is not None else 0
-        words = ptr + [first_token, start_pos, n_steps, eos, rope_off, self.m["sampler_counter"],
-                       self.watchdog_ns, prof, prof_steps, self.tasks.shape[0]]
+        words = ptr + [
+            first_token,
+            start_pos,
+            n_steps,
+            eos,
+            rope_off,
+            self.m["sampler_counter"],
+            self.watchdog_ns,
+            prof,
+            prof_steps,
+            self.tasks.shape[0],
+        ]
         assert len(words) == PARAM_WORDS
         self.params.copy_(torch.tensor(words, dtype=torch.int64))
         self.counters.zero_()
@@ -178,8 +234,21 @@ class Engine:
         args = np.array([arg.ctypes.data], dtype=np.uint64)
         stream = drv.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         k = self.m["kernel"]
-        _check(drv.cuLaunchCooperativeKernel(self._func, k["ctas"], 1, 1, k["threads"], 1, 1,
-                                             k["smem_bytes"], stream, args.ctypes.data), "launch")
+        _check(
+            drv.cuLaunchCooperativeKernel(
+                self._func,
+                k["ctas"],
+                1,
+                1,
+                k["threads"],
+                1,
+                1,
+                k["smem_bytes"],
+                stream,
+                args.ctypes.data,
+            ),
+            "launch",
+        )
         self._launch_args = (arg, args)  # keep alive until the launch has read them
 
     def _finish(self) -> int:
@@ -187,9 +256,11 @@ class Engine:
         st = self.status.cpu().tolist()
         if st[0]:
             counter = self.m["counters"][st[3]] if 0 <= st[3] < len(self.m["counters"]) else st[3]
-            raise RuntimeError(f"kernel error: {ERROR_NAMES.get(st[0], st[0])} (SM {st[1]}, task "
-                               f"{st[2]}, waiting on counter of {counter!r}); the kernel stopped "
-                               "making progress and was ended by its watchdog")
+            raise RuntimeError(
+                f"kernel error: {ERROR_NAMES.get(st[0], st[0])} (SM {st[1]}, task "
+                f"{st[2]}, waiting on counter of {counter!r}); the kernel stopped "
+                "making progress and was ended by its watchdog"
+            )
         return int(self.host_count[0])
 
     def prefill(self, input_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -212,7 +283,9 @@ class Engine:
             for name in (names["k"], names["v"]):
                 src = self._interp.state[name][pos]  # [n, kvh, hd]
                 b = self.m["buffers"][name]
-                dst = self.kv[b["offset"]:b["offset"] + b["numel"]].view(cfg["n_kv_heads"], seq, cfg["head_dim"])
+                dst = self.kv[b["offset"] : b["offset"] + b["numel"]].view(
+                    cfg["n_kv_heads"], seq, cfg["head_dim"]
+                )
                 dst[:, pos.to(self.device)] = src.transpose(0, 1).to(torch.bfloat16)
 
     def step(self, token_id: int) -> tuple[int, torch.Tensor]:
@@ -222,13 +295,20 @@ class Engine:
         self.position += 1
         return int(self.device_tokens[0]), self._act(self.m["logits"]).clone()
 
-    def generate(self, input_ids: list[int] | torch.Tensor, max_new_tokens: int,
-                 eos_token_id: int | None = None, temperature: float = 0.0) -> Iterator[int]:
+    def generate(
+        self,
+        input_ids: list[int] | torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None = None,
+        temperature: float = 0.0,
+    ) -> Iterator[int]:
         """Prefill `input_ids`, then decode up to `max_new_tokens` greedily in one launch,
         yielding each token as the kernel writes it."""
         if temperature != 0.0:
-            raise NotImplementedError("in-kernel sampling with temperature/top-k/top-p is not "
-                                      "implemented yet; use temperature=0 (greedy)")
+            raise NotImplementedError(
+                "in-kernel sampling with temperature/top-k/top-p is not "
+                "implemented yet; use temperature=0 (greedy)"
+            )
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if ids.numel() == 0:
             raise ValueError("generate needs at least one input token")
@@ -236,7 +316,9 @@ class Engine:
         if ids.numel() > 1:
             self.prefill(ids[:-1])
         start = self.position
-        self._launch(int(ids[-1]), start, max_new_tokens, -1 if eos_token_id is None else eos_token_id)
+        self._launch(
+            int(ids[-1]), start, max_new_tokens, -1 if eos_token_id is None else eos_token_id
+        )
         done = torch.cuda.Event()
         done.record()
         seen = 0
@@ -257,8 +339,11 @@ class Engine:
     def enable_profile(self, steps: int) -> None:
         """Record (start, dependencies met, done) globaltimer stamps of every task for the first
         `steps` steps of each launch into `self.profile` [steps, tasks, 3] (ns)."""
-        self.profile = torch.zeros((steps, self.tasks.shape[0], 3), dtype=torch.int64,
-                                   device=self.device) if steps else None
+        self.profile = (
+            torch.zeros((steps, self.tasks.shape[0], 3), dtype=torch.int64, device=self.device)
+            if steps
+            else None
+        )
 
     def stop(self) -> None:
         """Ask a running `generate` to stop after the token in flight."""

@@ -13,8 +13,14 @@ from tilertc.model_specs.spec import ModelSpec
 class Reference:
     """The interpreter wrapped as a decoder: `prefill(ids)` then `decode(token)` repeatedly."""
 
-    def __init__(self, spec: ModelSpec, weights: WeightSource, max_seq_len: int | None = None,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        weights: WeightSource,
+        max_seq_len: int | None = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         self.spec = spec
         self.graph = build_graph(spec, max_seq_len)
         self.max_seq_len = self.graph.attrs["max_seq_len"]
@@ -25,7 +31,9 @@ class Reference:
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1)
         end = self.position + ids.numel()
         if end > self.max_seq_len:
-            raise ValueError(f"context of {end} tokens exceeds the KV capacity of {self.max_seq_len}")
+            raise ValueError(
+                f"context of {end} tokens exceeds the KV capacity of {self.max_seq_len}"
+            )
         pos = torch.arange(self.position, end)
         env = self.interp.run(ids, pos)
         self.position = end

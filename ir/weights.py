@@ -10,7 +10,7 @@ WeightSource = dict[str, torch.Tensor] | str | Path
 
 
 def load_state_dict(source: WeightSource) -> dict[str, torch.Tensor]:
-    """A {Hugging Face name: tensor} dict from a dict, a .safetensors file, or a directory of them."""
+    """{Hugging Face name: tensor} from a dict, a .safetensors file, or a directory of them."""
     if isinstance(source, dict):
         return source
     from safetensors.torch import load_file
@@ -30,8 +30,9 @@ def load_state_dict(source: WeightSource) -> dict[str, torch.Tensor]:
     return out
 
 
-def random_weights(graph, seed: int = 0, dtype: torch.dtype = torch.bfloat16,
-                   std: float = 0.02) -> dict[str, torch.Tensor]:
+def random_weights(
+    graph, seed: int = 0, dtype: torch.dtype = torch.bfloat16, std: float = 0.02
+) -> dict[str, torch.Tensor]:
     """Random weights for every weight tensor of `graph`, by Hugging Face name.
 
     Norm weights are drawn around 1 and biases around 0 so that activations stay in range

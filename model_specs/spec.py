@@ -15,7 +15,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen3", "qwen3_moe", "deepseek_v3", "deepseek_v32", "glm_moe_dsa")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v3",
+    "deepseek_v32",
+    "glm_moe_dsa",
+)
 
 
 class SpecError(ValueError):

@@ -61,41 +61,63 @@ def place(program: Program) -> Program:
     mv_ops = [op for op in g.ops() if op.opcode in MATVEC + ROUTED]
     for op in mv_ops:
         if op.attrs["K"] % 8:
-            raise ScheduleError(f"op {op.name!r}: input length {op.attrs['K']} is not a multiple of 8; "
-                                "weight rows must be whole 16-byte pieces for bulk copies")
+            raise ScheduleError(
+                f"op {op.name!r}: input length {op.attrs['K']} is not a multiple of 8; "
+                "weight rows must be whole 16-byte pieces for bulk copies"
+            )
     max_k = max(op.attrs["K"] for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
     # (and, in the task that merges a group, every chunk's result)
-    attn_floats = max(((a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
-                       + a["n_heads"] // a["n_kv_heads"] * a["head_dim"] + 5 * a["head_dim"]
-                       for a in attn), default=0)
+    attn_floats = max(
+        (
+            (a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
+            + a["n_heads"] // a["n_kv_heads"] * a["head_dim"]
+            + 5 * a["head_dim"]
+            for a in attn
+        ),
+        default=0,
+    )
     vec_floats = max(max_k, attn_floats, _staged_floats(g))
     act_smem = vec_floats * 4
-    acc_floats = max(-(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) *
-                     (2 if op.attrs.get("interleave") else 1) for op in mv_ops)
+    acc_floats = max(
+        -(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) * (2 if op.attrs.get("interleave") else 1)
+        for op in mv_ops
+    )
     ring = tgt.smem_per_block - smem_bytes(0, 0, vec_floats, acc_floats)
     max_row = max(row_bytes(program, op) for op in mv_ops)
     worst = max(mv_ops, key=lambda op: row_bytes(program, op))
     if ring < 2 * max_row:
-        raise ScheduleError(f"op {worst.name!r}: one weight row is {max_row} B; two rows do not fit "
-                            f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
-                            f"the {act_smem} B input vector")
+        raise ScheduleError(
+            f"op {worst.name!r}: one weight row is {max_row} B; two rows do not fit "
+            f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
+            f"the {act_smem} B input vector"
+        )
     page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
     page = min(-(-page // 1024) * 1024, ring // 2)
     pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers
     while smem_bytes(pages, page, vec_floats, acc_floats) > tgt.smem_per_block:
         pages -= 1
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
-    program.config.update(page_bytes=page, ring_pages=pages, vec_floats=vec_floats,
-                          acc_floats=acc_floats,
-                          smem_bytes=smem_bytes(pages, page, vec_floats, acc_floats))
-    program.decide("residency", f"weight ring: {pages} pages x {page // 1024} KB = "
-                   f"{pages * page // 1024} KB per SM in flight (Little's law needs "
-                   f"{in_flight_needed / 1024:.0f} KB at {tgt.hbm_bandwidth / 1e12:.2f} TB/s, "
-                   f"{tgt.hbm_latency_ns:.0f} ns)")
-    program.decide("residency", f"input vector in shared memory: {vec_floats} fp32 "
-                   f"({act_smem // 1024} KB); row sums: {acc_floats} fp32")
+    program.config.update(
+        page_bytes=page,
+        ring_pages=pages,
+        vec_floats=vec_floats,
+        acc_floats=acc_floats,
+        smem_bytes=smem_bytes(pages, page, vec_floats, acc_floats),
+    )
+    program.decide(
+        "residency",
+        f"weight ring: {pages} pages x {page // 1024} KB = "
+        f"{pages * page // 1024} KB per SM in flight (Little's law needs "
+        f"{in_flight_needed / 1024:.0f} KB at {tgt.hbm_bandwidth / 1e12:.2f} TB/s, "
+        f"{tgt.hbm_latency_ns:.0f} ns)",
+    )
+    program.decide(
+        "residency",
+        f"input vector in shared memory: {vec_floats} fp32 "
+        f"({act_smem // 1024} KB); row sums: {acc_floats} fp32",
+    )
     # -- global buffers
     act_off = kv_off = 0
     for t in g.tensors.values():
@@ -115,11 +137,16 @@ def place(program: Program) -> Program:
         if op.opcode == "attention":
             a = op.attrs
             seq = g.attrs["max_seq_len"]
-            program.buffers["rope_table"] = Buffer("rope_table", act_off, seq * a["head_dim"], "fp32", "act")
+            program.buffers["rope_table"] = Buffer(
+                "rope_table", act_off, seq * a["head_dim"], "fp32", "act"
+            )
             act_off += _align(seq * a["head_dim"])
             break
     if attn:
-        a, chunks = attn[0], max(op.attrs["tile"]["chunks"] for op in g.ops() if op.opcode == "attention")
+        a, chunks = (
+            attn[0],
+            max(op.attrs["tile"]["chunks"] for op in g.ops() if op.opcode == "attention"),
+        )
         part = a["n_kv_heads"] * chunks * (a["n_heads"] // a["n_kv_heads"]) * (a["head_dim"] + 2)
         # one buffer serves every layer: a layer's merge finishes before the next layer's
         # attention can start (it waits on o_proj, which waits on the merge)
@@ -127,16 +154,22 @@ def place(program: Program) -> Program:
         act_off += _align(part)
     mla = [op.attrs for op in g.ops() if op.opcode == "mla_attention"]
     if mla:  # chunk results of MLA attention, one buffer for every layer as for GQA
-        part = max(a["tile"]["tasks"] * a["tile"]["heads_per_task"] * (a["kv_lora_rank"] + 2)
-                   for a in mla)
+        part = max(
+            a["tile"]["tasks"] * a["tile"]["heads_per_task"] * (a["kv_lora_rank"] + 2) for a in mla
+        )
         program.buffers["mla_partials"] = Buffer("mla_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
     lm = [op for op in g.ops() if op.attrs.get("epilogue") == "argmax"]
     if lm:
         n = lm[0].attrs["tile"]["tasks"]
-        program.buffers["argmax_partials"] = Buffer("argmax_partials", act_off, 2 * n, "fp32", "act")
+        program.buffers["argmax_partials"] = Buffer(
+            "argmax_partials", act_off, 2 * n, "fp32", "act"
+        )
         act_off += _align(2 * n)
     program.config.update(act_arena=act_off, kv_arena=kv_off)
-    program.decide("residency", f"activations, norm weights, RoPE table: L2-resident fp32 arena of "
-                   f"{act_off * 4 / 1024:.0f} KB; KV cache: bf16 arena of {kv_off * 2 / 2**20:.1f} MB")
+    program.decide(
+        "residency",
+        f"activations, norm weights, RoPE table: L2-resident fp32 arena of "
+        f"{act_off * 4 / 1024:.0f} KB; KV cache: bf16 arena of {kv_off * 2 / 2**20:.1f} MB",
+    )
     return program

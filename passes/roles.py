@@ -5,11 +5,11 @@ keeps the weight ring full (one elected lane issues the bulk copies); the comput
 math and, at the end of each task, one thread publishes the task's counter (store-signal).
 Compute gets enough warps that its arithmetic rate sits well above the SM's share of HBM
 bandwidth, so that it catches up after every dependency stall (DESIGN.md: 8 warps could not,
-16-24 could); the cap comes from the register file. The compute warps are split into page groups that take
-ring pages in turn: a page's work is short and latency-bound (wait, a few loads, reductions,
-release), so several pages may be in progress at once. Each group owns every G-th ring slot
-(the ring is a multiple of the group count), so that no group can run a full ring ahead of
-the pages it waits for.
+16-24 could); the cap comes from the register file. The compute warps may be split into page
+groups that take ring pages in turn: a page's work is short and latency-bound (wait, a few
+loads, reductions, release), so several pages may be in progress at once. Each group owns
+every G-th ring slot (the ring is a multiple of the group count), so that no group can run a
+full ring ahead of the pages it waits for.
 All CTAs have the same role (one per SM); with tensor parallelism each rank runs the same
 program on its shard.
 """
@@ -27,18 +27,29 @@ def assign_roles(program: Program) -> Program:
     warps = program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
     threads = (warps + 1) * 32
     if threads * REGS_PER_THREAD > program.target.regs_per_sm:
-        raise ScheduleError(f"{warps} compute warps at {REGS_PER_THREAD} registers exceed "
-                            f"the register file of {program.target.name}")
+        raise ScheduleError(
+            f"{warps} compute warps at {REGS_PER_THREAD} registers exceed "
+            f"the register file of {program.target.name}"
+        )
     pages = program.config["ring_pages"]
     groups = program.config["tuning"].get("page_groups", PAGE_GROUPS)
     if warps % groups or pages % groups or groups >= pages:
-        raise ScheduleError(f"{groups} page groups must divide the {warps} compute warps and the "
-                            f"{pages} ring pages, and leave pages in flight")
-    program.config.update(compute_warps=warps, threads=threads, ctas=program.target.num_sms,
-                          page_groups=groups)
-    program.decide("roles", f"per CTA: 1 loader warp + {warps} compute warps "
-                   f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM")
-    program.decide("roles", f"compute warps in {groups} groups of {warps // groups}, each on its "
-                   f"own ring page, so that page latencies overlap ({pages} pages: "
-                   f"{pages - groups} stay in flight while every group computes)")
+        raise ScheduleError(
+            f"{groups} page groups must divide the {warps} compute warps and the "
+            f"{pages} ring pages, and leave pages in flight"
+        )
+    program.config.update(
+        compute_warps=warps, threads=threads, ctas=program.target.num_sms, page_groups=groups
+    )
+    program.decide(
+        "roles",
+        f"per CTA: 1 loader warp + {warps} compute warps "
+        f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM",
+    )
+    program.decide(
+        "roles",
+        f"compute warps in {groups} groups of {warps // groups}, each on its "
+        f"own ring page, so that page latencies overlap ({pages} pages: "
+        f"{pages - groups} stay in flight while every group computes)",
+    )
     return program

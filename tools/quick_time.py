@@ -29,21 +29,25 @@ def profile_summary(eng: Engine, step: int = 1) -> None:
     rows.sort()
     kinds = defaultdict(float)
     prev_end = 0
-    for begin, name, span, run, n in rows:
+    for begin, name, span, _run, _n in rows:
         kind = name.split(".")[-1] if name.startswith("layers.") else name
         kinds[kind] += span
         kinds["gap"] += max(0, begin - prev_end)
         prev_end = max(prev_end, begin + span)
     total = max(r[0] + r[2] for r in rows)
-    print(f"  step {step}: {total / 1e3:.1f} us; per kind (sum of op spans, us): " +
-          ", ".join(f"{k} {v / 1e3:.0f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])))
+    print(
+        f"  step {step}: {total / 1e3:.1f} us; per kind (sum of op spans, us): "
+        + ", ".join(f"{k} {v / 1e3:.0f}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    )
     for begin, name, span, run, n in rows[:12]:
-        print(f"    {name:32s} start {begin / 1e3:8.1f} span {span / 1e3:6.1f} mean task {run / 1e3:6.1f} x{n}")
+        print(f"    {name:32s} start {begin / 1e3:8.1f} span {span / 1e3:6.1f} "
+              f"mean task {run / 1e3:6.1f} x{n}")
 
 
 for arg in sys.argv[1:]:  # NAME or NAME:compute_warps:page_kb[:page_groups]
     name, *knobs = arg.split(":")
-    opts = CompileOptions(max_seq_len=2048, **dict(zip(("compute_warps", "page_kb", "page_groups"), map(int, knobs))))
+    knob_names = ("compute_warps", "page_kb", "page_groups")[: len(knobs)]
+    opts = CompileOptions(max_seq_len=2048, **dict(zip(knob_names, map(int, knobs), strict=True)))
     out = compile(tilertc.load_spec(name), f"/tmp/qt_{arg}", opts)
     eng = Engine.load(out, random_seed=1)
     name = arg

@@ -13,9 +13,34 @@ from tilertc.passes.program import Program, ScheduleError, Task
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4}
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
-FIELDS = ("opcode", "epilogue", "row0", "row1", "k", "in", "out", "aux", "aux2", "w_lo", "w_hi",
-          "row_bytes", "wait0", "wait0_n", "wait1", "wait1_n", "signal", "kcache", "vcache", "eps",
-          "scale", "count", "chunk", "arrive", "aux3", "pad")
+FIELDS = (
+    "opcode",
+    "epilogue",
+    "row0",
+    "row1",
+    "k",
+    "in",
+    "out",
+    "aux",
+    "aux2",
+    "w_lo",
+    "w_hi",
+    "row_bytes",
+    "wait0",
+    "wait0_n",
+    "wait1",
+    "wait1_n",
+    "signal",
+    "kcache",
+    "vcache",
+    "eps",
+    "scale",
+    "count",
+    "chunk",
+    "arrive",
+    "aux3",
+    "pad",
+)
 LAG_SHIFT = 24
 INT32_MAX = 2**31 - 1
 
@@ -27,7 +52,9 @@ def _f32_bits(x: float) -> int:
 def _offset(program: Program, tensor: str) -> int:
     off = program.buffers[tensor].offset
     if off > INT32_MAX:
-        raise ScheduleError(f"buffer {tensor!r} lies beyond the 2^31-element reach of the task table")
+        raise ScheduleError(
+            f"buffer {tensor!r} lies beyond the 2^31-element reach of the task table"
+        )
     return off
 
 
@@ -36,16 +63,27 @@ def encode_task(program: Program, t: Task) -> list[int]:
 
     op = program.graph.op(t.op)
     row = dict.fromkeys(FIELDS, 0)
-    row.update(opcode=OPCODES[t.opcode], row0=t.rows[0], row1=t.rows[1], signal=t.signal,
-               wait0=-1, wait1=-1)
+    row.update(
+        opcode=OPCODES[t.opcode],
+        row0=t.rows[0],
+        row1=t.rows[1],
+        signal=t.signal,
+        wait0=-1,
+        wait1=-1,
+    )
     for i, (counter, per_step, lag) in enumerate(t.waits):
         row[f"wait{i}"], row[f"wait{i}_n"] = counter, per_step | (lag << LAG_SHIFT)
     a = op.attrs
     if t.opcode in ("norm_matvec", "matvec_add"):
-        row.update(epilogue=EPILOGUES[a.get("epilogue", "none")], k=a["K"],
-                   row_bytes=row_bytes(program, op), w_lo=(t.weight_offset // 16) & 0xFFFFFFFF,
-                   w_hi=(t.weight_offset // 16) >> 32, **{"in": _offset(program, op.inputs[0])},
-                   out=_offset(program, op.outputs[0]))
+        row.update(
+            epilogue=EPILOGUES[a.get("epilogue", "none")],
+            k=a["K"],
+            row_bytes=row_bytes(program, op),
+            w_lo=(t.weight_offset // 16) & 0xFFFFFFFF,
+            w_hi=(t.weight_offset // 16) >> 32,
+            **{"in": _offset(program, op.inputs[0])},
+            out=_offset(program, op.outputs[0]),
+        )
         if t.opcode == "norm_matvec":
             row.update(aux=_offset(program, op.inputs[1]), eps=_f32_bits(a["eps"]))
         else:
@@ -55,11 +93,17 @@ def encode_task(program: Program, t: Task) -> list[int]:
     elif t.opcode == "attention":
         norms = op.inputs[1:3] if a["qk_norm"] else ()
         kc, vc = op.inputs[-2:]
-        row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
-                   kcache=_offset(program, kc), vcache=_offset(program, vc),
-                   scale=_f32_bits(a["scale"]), count=a["tile"]["chunks"],
-                   chunk=t.index % a["tile"]["chunks"], arrive=t.arrive - t.rows[0],
-                   aux3=_offset(program, "attn_partials"))
+        row.update(
+            **{"in": _offset(program, op.inputs[0])},
+            out=_offset(program, op.outputs[0]),
+            kcache=_offset(program, kc),
+            vcache=_offset(program, vc),
+            scale=_f32_bits(a["scale"]),
+            count=a["tile"]["chunks"],
+            chunk=t.index % a["tile"]["chunks"],
+            arrive=t.arrive - t.rows[0],
+            aux3=_offset(program, "attn_partials"),
+        )
         if norms:
             row.update(aux=_offset(program, norms[0]), aux2=_offset(program, norms[1]))
     elif t.opcode == "embed":
