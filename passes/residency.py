@@ -13,7 +13,8 @@ Decides:
 - the input vector of a matrix-vector task is staged in shared memory as fp32, next to its
   row sums (the warps that share a row meet there);
 - attention chunks leave their partial softmax results in one global scratch buffer that the
-  merging task reads.
+  merging task reads (MLA chunks in their own, `mla_partials`);
+- expert and token ids (MoE routing, DSA top-k) are int32 buffers in the same arena.
 """
 
 from __future__ import annotations

@@ -9,15 +9,17 @@ Attention is tiled by KV head group (a task owns the query heads that share one 
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
 over the group count (capped). The chunks' partial softmax results are merged by the last
-chunk task of the group to finish, which alone signals the op. MLA attention is tiled the
-same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all share the latent cache;
-the group size bounds what a task stages), over the context or, with DSA, over the top-k
-list. The DSA indexer's scores are tiled by context chunk. The routed experts are tiled per
-slot (one slot per chosen expert): each slot's rows over all SMs, so that the expected case
-(under expert parallelism, fewer slots busy than provisioned) still spreads over the GPU;
-their weights are chosen at run time, and under expert parallelism a slot is busy with
-probability top_k / (tp x slots), which is what their bytes are counted at. `embed`, `argmax`,
-`moe_topk` and `dsa_topk` are one task each: they move a few kilobytes.
+chunk task of the group to finish, which alone signals the op; it stages every chunk's result
+in shared memory, so the chunk count is also capped to keep that within a third of it (with
+many query heads per group, e.g. Qwen3-30B-A3B's 8, the ring would otherwise starve).
+MLA attention is tiled the same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all
+share the latent cache; the group size bounds what a task stages), over the context or, with
+DSA, over the top-k list. The DSA indexer's scores are tiled by context chunk. The routed
+experts are tiled per slot (one slot per chosen expert): each slot's rows over all SMs, so that
+the expected case (under expert parallelism, fewer slots busy than provisioned) still spreads
+over the GPU; their weights are chosen at run time, and under expert parallelism a slot is busy
+with probability top_k / (tp x slots), which is what their bytes are counted at. `embed`,
+`argmax`, `moe_topk` and `dsa_topk` are one task each: they move a few kilobytes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tilertc.ir.graph import DTYPE_BYTES
 from tilertc.passes.program import Program, Task, WeightSegment
 
 MAX_ATTENTION_CHUNKS = 32
+MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
 MATVEC = ("norm_matvec", "matvec_add", "head_matvec")
 ROUTED = ("moe_gate_up", "moe_down_add")
@@ -116,9 +119,9 @@ def _tile_routed(program: Program, op) -> None:
 
 
 def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
-                  row_bytes_: int, what: str) -> None:
+                  row_bytes_: int, what: str, max_chunks: int = MAX_ATTENTION_CHUNKS) -> None:
     """Tasks per (group, context chunk); the last chunk of a group to finish merges it."""
-    chunks = max(1, min(MAX_ATTENTION_CHUNKS, program.target.num_sms // groups))
+    chunks = max(1, min(max_chunks, program.target.num_sms // groups))
     for gi in range(groups):
         for c in range(chunks):
             program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
@@ -162,9 +165,10 @@ def tile(program: Program) -> Program:
             _tile_routed(program, op)
         elif op.opcode == "attention":
             a = op.attrs
-            hd = a["head_dim"]
-            _tile_chunked(program, op, a["n_kv_heads"], a["n_heads"] // a["n_kv_heads"],
-                          program.graph.attrs["max_seq_len"], 2 * hd * 2, "KV groups")
+            hd, group = a["head_dim"], a["n_heads"] // a["n_kv_heads"]
+            merge = program.target.smem_per_block // MERGE_SMEM_SHARE // (group * (hd + 2) * 4)
+            _tile_chunked(program, op, a["n_kv_heads"], group, program.graph.attrs["max_seq_len"],
+                          2 * hd * 2, "KV groups", min(MAX_ATTENTION_CHUNKS, merge - 1))
         elif op.opcode == "mla_attention":
             _tile_mla_attention(program, op)
         elif op.opcode == "dsa_score":
