@@ -48,6 +48,12 @@ class Fusion:
         self.out.tensors = dict(self.g.tensors)
         self.done: set[str] = set()
         self.writer = {t: op for op in self.g.ops() for t in op.outputs}
+        self.readers: dict[str, list[Op]] = {}
+        self.layers: dict[int | None, list[Op]] = {}
+        for op in self.g.ops():
+            self.layers.setdefault(op.layer, []).append(op)
+            for t in dict.fromkeys(op.inputs):
+                self.readers.setdefault(t, []).append(op)
 
     def emit(self, name: str, opcode: str, inputs: list[str], outputs: list[str],
              layer: int | None, fused: list[Op], **attrs: object) -> None:
@@ -56,7 +62,7 @@ class Fusion:
         self.done.update(o.name for o in fused)
 
     def consumers(self, tensor: str) -> list[Op]:
-        return [op for op in self.g.ops() if tensor in op.inputs]
+        return self.readers.get(tensor, [])
 
     def locate(self, tensor: str) -> tuple[str, int]:
         """The buffer that holds `tensor` and its offset there (itself, or a concatenation)."""
@@ -173,7 +179,7 @@ def _fuse_norm(f: Fusion, norm: Op) -> None:
 
 def _fuse_attention(f: Fusion, first: Op) -> None:
     """Fold the qk-norm/rope/kv-append chain of one layer into its attention op."""
-    chain = [op for op in f.g.ops() if op.layer == first.layer and
+    chain = [op for op in f.layers[first.layer] if
              op.opcode in ("head_rms_norm", "rope", "kv_append", "attention")]
     attn = chain[-1]
     if attn.opcode != "attention":
@@ -181,8 +187,7 @@ def _fuse_attention(f: Fusion, first: Op) -> None:
     by_code: dict[str, list[Op]] = {}
     for op in chain:
         by_code.setdefault(op.opcode, []).append(op)
-    qkv = next(op for op in f.out.ops() if op.layer == first.layer and
-               op.opcode == "norm_matvec" and op.name.endswith("qkv_proj"))
+    qkv = f.out.op(f"layers.{first.layer}.qkv_proj")
     norms = [op.inputs[1] for op in by_code.get("head_rms_norm", [])]
     kv = by_code["kv_append"][0]
     rope = by_code["rope"][0]

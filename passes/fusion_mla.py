@@ -28,7 +28,7 @@ MLA_DIMS = ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "
 
 
 def fuse_mla(f: Fusion, first: Op) -> None:
-    ops = [op for op in f.g.ops() if op.layer == first.layer and op.name not in f.done]
+    ops = [op for op in f.layers[first.layer] if op.name not in f.done]
 
     def one(opcode: str) -> Op:
         return next(op for op in ops if op.opcode == opcode)

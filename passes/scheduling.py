@@ -9,6 +9,8 @@ all CTAs are resident, no wait can be part of a cycle.
 
 from __future__ import annotations
 
+import heapq
+
 from tilertc.passes.cost import task_ns
 from tilertc.passes.program import Program
 
@@ -24,10 +26,17 @@ def schedule(program: Program) -> Program:
     for op in program.graph.ops():
         ids = sorted(by_op[op.name], key=lambda i: -program.tasks[i].est_ns)
         free = sorted(range(n), key=lambda s: (load[s], s))
-        for k, i in enumerate(ids):
-            sm = free[k % n] if len(ids) <= n else min(range(n), key=lambda s: (load[s], s))
-            program.tasks[i].sm = sm
-            load[sm] += program.tasks[i].est_ns
+        if len(ids) <= n:
+            for sm, i in zip(free, ids, strict=False):
+                program.tasks[i].sm = sm
+                load[sm] += program.tasks[i].est_ns
+        else:  # more tasks than SMs: each to the least loaded SM so far
+            heap = [(load[s], s) for s in free]
+            for i in ids:
+                _, sm = heapq.heappop(heap)
+                program.tasks[i].sm = sm
+                load[sm] += program.tasks[i].est_ns
+                heapq.heappush(heap, (load[sm], sm))
         for i in sorted(by_op[op.name]):
             program.streams[program.tasks[i].sm].append(i)
     busiest = max(load)

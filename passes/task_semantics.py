@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -36,8 +36,7 @@ from tilertc.ir.interpreter import SEMANTICS, Step
 from tilertc.passes.program import Program, Task
 
 
-@dataclass(frozen=True)
-class Access:
+class Access(NamedTuple):
     """Elements [lo, hi) of `buffer` (of each row in `rows`, for row buffers)."""
 
     write: bool

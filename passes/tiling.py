@@ -113,7 +113,8 @@ def _tile_routed(program: Program, op) -> None:
             program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
                                       round((r1 - r0) * (routed + shared) * elem)))
         what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks"
-    op.attrs["tile"] = {"tasks": len(program.tasks_of(op.name)), "busy": frac}
+    tasks = a["slots"] * n if op.opcode == "moe_gate_up" else n
+    op.attrs["tile"] = {"tasks": tasks, "busy": frac}
     program.decide("tiling", f"{op.name}: {what}; weights picked at run time by expert id"
                    + (f", each slot busy with probability {frac:.3g}" if frac < 1 else ""))
 

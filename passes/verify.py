@@ -162,16 +162,23 @@ class Plan:
     def _rows(acc: Access) -> range | list[None]:
         return range(*acc.rows) if acc.rows else [None]
 
+    def _written(self, key: tuple[str, int | None], lo: int, hi: int) -> bool:
+        """Whether the step writes all of [lo, hi) of a buffer (row) at all (for messages)."""
+        every = Pieces()
+        for actor, accs in enumerate(self.accesses):
+            for acc in accs:
+                if acc.write and acc.buffer == key[0] and key[1] in self._rows(acc):
+                    every.write(acc.lo, acc.hi, actor)
+        return every.covers(lo, hi)
+
     def _sequential_pass(self) -> None:
         rows_written: dict[str, set[int]] = defaultdict(set)
         writer_ops: dict[tuple[str, int | None], set[str]] = defaultdict(set)
-        everything: dict[tuple[str, int | None], Pieces] = defaultdict(Pieces)
         for actor, accs in enumerate(self.accesses):
             for acc in accs:
                 if acc.write:
                     for row in self._rows(acc):
                         writer_ops[acc.buffer, row].add(self._op_of(actor))
-                        everything[acc.buffer, row].write(acc.lo, acc.hi, actor)
                         if row is not None:
                             rows_written[acc.buffer].add(row)
         # Only regions that more than one op writes in a step can be overwritten while a
@@ -197,7 +204,7 @@ class Plan:
                         self.reads[actor].append(Read(acc.buffer, row, acc.lo, acc.hi, found))
                     for lo, hi in gaps:
                         what = "which a later op of the step writes" \
-                            if everything[key].covers(lo, hi) else "which no task writes in a step"
+                            if self._written(key, lo, hi) else "which no task writes in a step"
                         where = f" row {row}" if row is not None else ""
                         self.static_errors.append(
                             (actor, f"{self.name(actor)} reads {acc.buffer}{where}[{lo}:{hi}], "
@@ -433,11 +440,13 @@ def structural(program: Program, plan: Plan, steps: int = 2) -> None:
         return vc[nsm + actor - ntasks] >= 1
 
     needs: dict[tuple[int, int], np.ndarray] = {}
+    writers: dict[int, set[int]] = {}
 
     def need(r: Read, actor: int) -> np.ndarray:
         """Per column, the stream slot a reader must know of to have seen r's writers."""
-        own = any(w == actor for _, _, w in r.pieces)
-        key = (id(r.pieces), actor if own else -1)
+        if id(r.pieces) not in writers:
+            writers[id(r.pieces)] = {w for _, _, w in r.pieces}
+        key = (id(r.pieces), actor if actor in writers[id(r.pieces)] else -1)
         if key not in needs:
             vec = np.zeros(cols, dtype=np.int32)
             for _, _, w in r.pieces:
@@ -494,7 +503,7 @@ def structural(program: Program, plan: Plan, steps: int = 2) -> None:
         joins.setdefault(plan.merges[m].signal, np.zeros(cols, dtype=np.int32))
         np.maximum(joins[plan.merges[m].signal], vc, out=joins[plan.merges[m].signal])
 
-    machine.run(lambda ready: min(ready), on_task, on_merge)
+    machine.run(lambda ready: next(iter(ready)), on_task, on_merge)
     if machine.stuck():
         raise VerificationError("deadlock", machine.deadlock_report())
     lengths = np.array([len(s) for s in program.streams] + [1] * len(plan.merges))
