@@ -225,3 +225,89 @@ def explain_command(model: str, target: str, tp: int, max_seq_len: int | None,
         if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
             console = Console(width=200)
         print_explanation(ex, console)
+
+
+def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int, int], ...]:
+    from tilertc.bench import check_points, parse_points
+
+    try:
+        parsed = parse_points(points) if points else ((context, gen),)
+        check_points(parsed)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--points" if points else "--gen") from None
+    return parsed
+
+
+@main.command("bench")
+@click.argument("model")
+@click.option("--context", type=click.IntRange(min=1), default=1024, show_default=True,
+              help="Prompt tokens prefilled before the timed decode.")
+@click.option("--gen", type=click.IntRange(min=2), default=1024, show_default=True,
+              help="Tokens decoded and timed.")
+@click.option("--points", metavar="C/G,...", default=None,
+              help="Several context/gen points in one run, e.g. 1k/1k,8k/1k "
+                   "(instead of --context/--gen).")
+@click.option("--systems", default=",".join(("tilertc", "hf-eager", "hf-graph",
+                                             "kernel-per-op")), show_default=True,
+              help="Systems to time, comma-separated; tilertc is required.")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel ranks to compile for.")
+@click.option("--weights", type=click.Path(exists=True),
+              help="Hugging Face model directory or .safetensors file [default: random bf16].")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the random weights and prompts.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where bench.json, bench.png, timeline.png and a compiled artifact go "
+                   "[default: ./bench-MODEL].")
+@click.option("--profile", is_flag=True, help="Also profile a few steps of the kernel: a per-op "
+              "table and timeline.png.")
+@click.option("--tune", multiple=True, metavar="KNOB=N",
+              help="Compile with a schedule knob set (compute_warps, page_kb, page_groups) "
+                   "instead of the passes' choice (repeatable).")
+@click.option("--device", default="cuda:0", show_default=True)
+def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
+                  tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
+                  tune: tuple[str, ...], device: str) -> None:
+    """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
+    graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
+
+    MODEL is a built-in name, a config.json (or a directory holding one), or an artifact
+    directory. A correctness gate runs first; if the kernel does not compute the model, no
+    numbers are reported. Results: a table per point, bench.json and bench.png in --out.
+    """
+    import sys
+    from pathlib import Path
+
+    from tilertc.artifact import ArtifactError
+    from tilertc.bench import (
+        BenchConfig,
+        finish,
+        parse_systems,
+        parse_tuning,
+        run_bench,
+        stage_phases,
+    )
+
+    try:
+        chosen = parse_systems(systems)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--systems") from None
+    try:
+        tuning = parse_tuning(tune)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--tune") from None
+    name = Path(model).name.removesuffix(".json") or "model"
+    config = BenchConfig(model=model, points=_bench_points(context, gen, points),
+                         out=Path(out_dir or f"bench-{name}"), systems=chosen, weights=weights,
+                         seed=seed, tp=tp, device=device, profile=profile, tuning=tuning,
+                         command=" ".join(["tilertc", *sys.argv[1:]]))
+    console = Console()
+    if not console.is_terminal:  # piped or captured: do not squeeze the tables to 80 columns
+        console = Console(width=160)
+    try:
+        with stage_phases(Console(stderr=True)) as phase:
+            report, prof = run_bench(config, phase)
+        written = finish(report, prof, config.out, console)
+    except (SpecError, ArtifactError, ValueError, RuntimeError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)

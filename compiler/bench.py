@@ -1,0 +1,361 @@
+"""`tilertc bench`: the persistent kernel against the conventional decoders, on one GPU, in one
+process, with the same weights and the same prompt, after a correctness gate.
+
+Order of a run: resolve the artifact (compile a model, or load an artifact directory), load
+the weights once (random bf16, or a checkpoint) and share them with every system; the gate
+(`tilertc.bench_gate`) on a short run; the bandwidth ceiling; then per point (context, gen)
+the kernel's token loop and each baseline of `tilertc.baselines`; optionally a profiled run.
+The figures are computed in `tilertc.bench_report`, and the pictures drawn in
+`tilertc.bench_charts`. docs/performance.md, "How to benchmark", says what is measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from tilertc import baselines
+from tilertc.artifact import check_capacity, model_spec, read_manifest
+from tilertc.bench_gate import GateFailure, GateReport, check_decode
+from tilertc.bench_report import (
+    BenchReport,
+    Prediction,
+    Timing,
+    arrival_intervals,
+    make_point,
+    print_point,
+    token_bytes,
+)
+from tilertc.compile_report import StageDisplay
+from tilertc.model_specs import load_spec
+from tilertc.model_specs.spec import ModelSpec
+from tilertc.profile import StepProfile, op_table, print_op_table, profile_engine
+
+SYSTEMS = ("tilertc", "hf-eager", "hf-graph", "kernel-per-op")
+BASELINES: dict[str, Callable[..., baselines.BaselineResult]] = {
+    "hf-eager": baselines.hf_eager,
+    "hf-graph": baselines.hf_cuda_graph,
+    "kernel-per-op": baselines.kernel_per_op,
+}
+GATE_PROMPT, GATE_STEPS = 32, 16
+WARMUP_TOKENS = 8
+PROFILE_STEPS = 8
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups")  # CompileOptions' tuning fields
+
+Phase = Callable[[str], AbstractContextManager[None]]
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot run as asked (no GPU, an artifact too small for the context)."""
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str  # built-in name, config.json, a directory with one, or an artifact directory
+    points: tuple[tuple[int, int], ...]  # (context, gen)
+    out: Path
+    systems: tuple[str, ...] = SYSTEMS
+    weights: str | None = None  # checkpoint; None: random bf16 drawn with `seed`
+    seed: int = 0
+    tp: int = 1
+    device: str = "cuda:0"
+    profile: bool = False
+    tuning: tuple[tuple[str, int], ...] = ()  # (knob, value) for the compile, to try schedules
+    command: str = ""
+
+
+def parse_count(text: str) -> int:
+    """'1024', '1k' (1024) or '8K' (8192)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kK]?)\s*", text)
+    if not m:
+        raise ValueError(f"expected a token count such as 1024 or 1k, got {text!r}")
+    return int(m[1]) * (1024 if m[2] else 1)
+
+
+def parse_points(text: str) -> tuple[tuple[int, int], ...]:
+    """'1k/1k,8k/1k' -> ((1024, 1024), (8192, 1024)): context/gen pairs."""
+    points = []
+    for part in text.split(","):
+        context, sep, gen = part.partition("/")
+        if not sep:
+            raise ValueError(f"expected CONTEXT/GEN such as 1k/1k, got {part!r}")
+        points.append((parse_count(context), parse_count(gen)))
+    return tuple(points)
+
+
+def parse_systems(text: str) -> tuple[str, ...]:
+    """A comma-separated subset of SYSTEMS, which must include tilertc (the gate needs it)."""
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise ValueError(f"unknown system(s) {', '.join(unknown)}; choose from "
+                         f"{', '.join(SYSTEMS)}")
+    if "tilertc" not in names:
+        raise ValueError("the systems must include tilertc: it is what is benchmarked")
+    return names
+
+
+def parse_tuning(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
+    """'compute_warps=16' and the like: schedule knobs to compile with instead of the passes'
+    choice, to compare schedules with the same measurement."""
+    out = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in TUNING_KNOBS or not value.strip().isdigit():
+            raise ValueError(f"expected KNOB=INTEGER with KNOB one of {', '.join(TUNING_KNOBS)}, "
+                             f"got {pair!r}")
+        out.append((key, int(value)))
+    return tuple(out)
+
+
+def check_points(points: tuple[tuple[int, int], ...]) -> None:
+    for context, gen in points:
+        if context < 1 or gen < 2:
+            raise ValueError(f"point {context}/{gen}: the context needs at least 1 token and "
+                             "at least 2 tokens must be decoded (a time is between two)")
+
+
+def capacity_for(points: tuple[tuple[int, int], ...]) -> int:
+    """The KV capacity every point (and the gate's short run) fits in."""
+    return max(GATE_PROMPT + GATE_STEPS, *(context + gen for context, gen in points))
+
+
+@contextmanager
+def _quiet_phase(_description: str) -> Iterator[None]:
+    yield
+
+
+def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Prediction:
+    """The cost model's time per token for the artifact's schedule (same target, tp and tuning
+    knobs) made for the point's mean context, so that it counts the KV bytes actually read."""
+    from tilertc import schedule
+    from tilertc.passes.cost import roofline_ns, step_ns
+
+    opts = m["options"]
+    tuning = {k: opts[k] for k in ("compute_warps", "page_kb", "page_groups")
+              if opts.get(k) is not None}
+    program = schedule(spec, m["target"]["name"], opts["tp"], kv_context, tuning)
+    return Prediction(step_ns(program) / 1e6, roofline_ns(program) / 1e6, kv_context)
+
+
+def check_model(config: BenchConfig) -> Path | ModelSpec:
+    """What MODEL_OR_DIR names, checked before any GPU work: an artifact directory with room
+    for every point, or a model spec (SpecError) to compile with that room."""
+    capacity = capacity_for(config.points)
+    src = Path(config.model)
+    if (src / "manifest.json").is_file():
+        m = read_manifest(src)
+        if m["max_seq_len"] < capacity:
+            raise BenchError(f"{src} holds {m['max_seq_len']} KV positions; the points need "
+                             f"{capacity}: recompile with --max-seq-len {capacity}")
+        if m["options"]["tp"] != config.tp:
+            raise BenchError(f"{src} was compiled for tp={m['options']['tp']}, not {config.tp}")
+        if config.tuning:
+            raise BenchError("tuning knobs apply to a compile; an artifact directory keeps the "
+                             "schedule it was built with")
+        return src
+    spec = load_spec(config.model)
+    if capacity > spec.max_position_embeddings:
+        raise BenchError(f"the points need {capacity} positions, more than {spec.name}'s "
+                         f"max_position_embeddings {spec.max_position_embeddings}")
+    return spec
+
+
+def resolve_artifact(model: Path | ModelSpec, config: BenchConfig, phase: Phase) -> Path:
+    """The artifact directory given, or the spec compiled into OUT/artifact."""
+    from tilertc.driver import CompileOptions, compile
+
+    if isinstance(model, Path):
+        return model
+    capacity = capacity_for(config.points)
+    options = CompileOptions(tp=config.tp, max_seq_len=capacity, **dict(config.tuning))
+    with phase(f"compiling {model.name} (KV capacity {capacity})"):
+        return compile(model, config.out / "artifact", options)
+
+
+def require_gpu(device: str) -> None:
+    if torch.device(device).type != "cuda":
+        raise BenchError(f"tilertc bench runs on a CUDA device, not {device!r}")
+    if not torch.cuda.is_available():
+        raise BenchError("tilertc bench needs a CUDA GPU, and none is available here "
+                         "(torch.cuda.is_available() is false)")
+
+
+def free_gpu() -> None:
+    """Drop what the last system left, so that each runs on an otherwise idle GPU."""
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: int) -> GateReport:
+    """The kernel, the interpreter and the kernel-per-op baseline over one short greedy run."""
+    from tilertc.ir.interpreter import Interpreter
+
+    gen = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, engine.spec.vocab_size, (GATE_PROMPT,), generator=gen)
+    engine.position = 0
+    engine.prefill(prompt[:-1])
+    ref = Interpreter(engine.graph, engine.weights, engine.device)
+    ref.run(prompt[:-1], torch.arange(GATE_PROMPT - 1))
+    token, tokens, got, want = int(prompt[-1]), [], [], []
+    for i in range(GATE_STEPS):
+        nxt, logits = engine.step(token)
+        pos = torch.tensor([GATE_PROMPT - 1 + i])
+        want.append(ref.run(torch.tensor([token]), pos)["logits"][0].float().cpu())
+        got.append(logits.float().cpu())
+        tokens.append(nxt)
+        token = nxt
+    del ref
+    free_gpu()
+    try:
+        kpo = baselines.kernel_per_op(engine.spec, weights, prompt.tolist(), GATE_STEPS - 1,
+                                      device, warmup=0)
+        baseline_tokens, name = list(kpo.tokens), kpo.name
+    except baselines.BaselineUnavailable:
+        baseline_tokens, name = None, None
+    free_gpu()
+    return check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name)
+
+
+def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase) -> Timing:
+    """Prefill (the interpreter, untimed), warm up, then time `gen` tokens of one launch by
+    the host clock at which each token arrives through the host-mapped ring."""
+    engine.position = 0
+    with phase(f"tilertc: prefill of {prompt.numel() - 1} tokens (interpreter, not timed)"):
+        engine.prefill(prompt[:-1])
+    start_pos, last = engine.position, prompt[-1:]
+    with phase(f"tilertc: {gen} tokens in one launch"):
+        list(engine.generate(last, min(WARMUP_TOKENS, gen)))
+        engine.position = start_pos
+        torch.cuda.synchronize(engine.device)
+        arrivals = []
+        start = time.perf_counter()
+        for _ in engine.generate(last, gen):
+            arrivals.append(time.perf_counter())
+    engine.position = start_pos
+    if len(arrivals) != gen:
+        raise RuntimeError(f"the kernel stopped after {len(arrivals)} of {gen} tokens")
+    # The first interval carries the launch; the others are the steady token loop.
+    return Timing.from_seconds(arrival_intervals(start, arrivals)[1:])
+
+
+def time_baseline(name: str, spec: ModelSpec, weights: dict[str, torch.Tensor],
+                  prompt: torch.Tensor, gen: int, device: str,
+                  phase: Phase) -> tuple[Timing | str, str]:
+    """(timing, what ran) of one baseline, or (why it was skipped, "")."""
+    with phase(f"{name}: {gen} tokens after a {prompt.numel()}-token prefill"):
+        try:
+            r = BASELINES[name](spec, weights, prompt.tolist(), gen, device)
+        except baselines.BaselineUnavailable as e:
+            return str(e), ""
+        finally:
+            free_gpu()
+    return Timing(r.ms_per_token_median, r.ms_per_token_p90, gen), r.name
+
+
+def run_bench(config: BenchConfig,
+              phase: Phase = _quiet_phase) -> tuple[BenchReport, StepProfile | None]:
+    """Run the benchmark on the GPU; returns the report and the profile (or None). Raises
+    GateFailure, without timing anything, when the gate finds a mismatch."""
+    from tilertc.engine import Engine
+    from tilertc.ir.build import build_graph
+    from tilertc.ir.weights import load_state_dict, random_weights
+
+    model = check_model(config)
+    require_gpu(config.device)
+    config.out.mkdir(parents=True, exist_ok=True)
+    artifact = resolve_artifact(model, config, phase)
+    m = read_manifest(artifact)
+    spec = model_spec(m)
+    for context, gen in config.points:
+        check_capacity(0, context, gen, m["max_seq_len"])
+    with phase("loading the weights and the kernel"):
+        weights = (load_state_dict(config.weights) if config.weights else
+                   random_weights(build_graph(spec, m["max_seq_len"]), seed=config.seed))
+        engine = Engine.load(artifact, weights=weights, device=config.device)
+    with phase("correctness gate: kernel vs interpreter vs kernel-per-op"):
+        gate = run_gate(engine, weights, config.device, config.seed)
+    if not gate.passed:
+        raise GateFailure(gate)
+    with phase("measuring the bandwidth ceiling"):
+        ceiling = baselines.bandwidth_ceiling(1 << 30, config.device)
+    points, profile = [], None
+    for context, gen in config.points:
+        prompt = torch.randint(0, spec.vocab_size, (context,),
+                               generator=torch.Generator().manual_seed(config.seed + context))
+        results: dict[str, Timing | str] = {"tilertc": time_kernel(engine, prompt, gen, phase)}
+        details = {"tilertc": f"persistent kernel, artifact {m['hash']}"}
+        if config.profile and profile is None:
+            with phase(f"tilertc: {min(PROFILE_STEPS, gen)} profiled steps"):
+                profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
+        for name in config.systems:
+            if name != "tilertc":
+                results[name], details[name] = time_baseline(name, spec, weights, prompt, gen,
+                                                             config.device, phase)
+        nbytes = token_bytes(spec, context, gen)
+        points.append(make_point(context, gen, nbytes, ceiling.bytes_per_s, results, details,
+                                 prediction(spec, m, nbytes.kv_context)))
+    report = BenchReport(
+        model={"name": spec.name, "spec_hash": spec.content_hash()},
+        artifact={"path": str(artifact), "hash": m["hash"], "max_seq_len": m["max_seq_len"],
+                  "options": m["options"]},
+        device={"name": torch.cuda.get_device_name(engine.device), "torch": torch.__version__,
+                "cuda": torch.version.cuda},
+        weights=config.weights or f"random bf16 (seed {config.seed})",
+        ceiling={"bytes_per_s": ceiling.bytes_per_s, "method": ceiling.name},
+        gate=gate.to_dict(), points=points, command=config.command,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return report, profile
+
+
+def finish(report: BenchReport, profile: StepProfile | None, out: Path,
+           console: Console) -> list[Path]:
+    """Show the tables, write bench.json and draw the charts; returns the files written. A
+    missing matplotlib costs the pictures, not the numbers."""
+    from tilertc.bench_charts import plot_bench, plot_timeline
+
+    for point in report.points:
+        print_point(point, console)
+    table = None
+    if profile is not None:
+        table = op_table(profile)
+        report.profile = {"context": report.points[0].context, **table.to_dict()}
+        print_op_table(table, console)
+    path = out / "bench.json"
+    path.write_text(json.dumps(report.to_dict(), indent=1) + "\n")
+    written = [path]
+    title = f"{report.model['name']} on {report.device['name']}, batch 1"
+    try:
+        written.append(plot_bench(report.points, title, out / "bench.png"))
+        if profile is not None and table is not None:
+            step = table.steps[-1]
+            written.append(plot_timeline(profile, step, f"{title}: step {step}, context "
+                                         f"{report.points[0].context}", out / "timeline.png"))
+    except RuntimeError as e:
+        console.print(f"[yellow]no charts: {e}")
+    return written
+
+
+@contextmanager
+def stage_phases(console: Console) -> Iterator[Phase]:
+    """Phases shown as `tilertc compile` shows its stages: a spinner and a clock for the one
+    running, the duration of each one done."""
+    with StageDisplay(console) as stages:
+
+        @contextmanager
+        def phase(description: str) -> Iterator[None]:
+            stages(description)
+            yield
+
+        yield phase

@@ -1,0 +1,417 @@
+"""`tilertc bench` without a GPU: the report's arithmetic, bench.json, the charts, the
+correctness gate, the profile table, the command line; then, marked `gpu`, the real runs.
+
+Everything a report says is computed from timings, byte counts and stamps by pure functions,
+so these tests feed them hand-made inputs whose answers are known.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner, Result
+from rich.console import Console
+
+from tilertc import load_spec, schedule
+from tilertc.backends.cuda import encode
+from tilertc.bench import (
+    BenchConfig,
+    BenchError,
+    check_model,
+    finish,
+    parse_points,
+    parse_systems,
+    parse_tuning,
+    prediction,
+)
+from tilertc.bench_gate import GateFailure, check_decode, clear_margins
+from tilertc.bench_report import (
+    BenchReport,
+    Prediction,
+    Timing,
+    TokenBytes,
+    arrival_intervals,
+    make_point,
+    roofline_pct,
+    token_bytes,
+)
+from tilertc.cli import main
+from tilertc.inspect import inspect_model
+from tilertc.ir.target import get_target
+from tilertc.profile import StepProfile, fold_layer, op_table, task_ctas, task_ops
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def cli(*args: str) -> Result:
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+# -- timings and the figures derived from them ---------------------------------------------------
+def test_timing_statistics() -> None:
+    t = Timing.from_seconds([0.002] * 9 + [0.012])
+    assert t.ms_median == pytest.approx(2.0)
+    assert t.ms_p90 == pytest.approx(3.0)  # numpy's linear interpolation between 2 and 12
+    assert t.ms_mean == pytest.approx(3.0)
+    assert t.tokens == 10 and t.tokens_per_s == pytest.approx(500.0)
+    with pytest.raises(ValueError):
+        Timing.from_seconds([])
+
+
+def test_arrival_intervals() -> None:
+    assert arrival_intervals(10.0, [10.5, 11.0, 12.0]) == pytest.approx([0.5, 0.5, 1.0])
+    with pytest.raises(ValueError, match="decrease"):
+        arrival_intervals(10.0, [11.0, 10.5])
+
+
+def test_roofline_pct() -> None:
+    # 2 GB per token in 1 ms is 2 TB/s: half of a 4 TB/s ceiling.
+    assert roofline_pct(2_000_000_000, 1.0, 4e12) == pytest.approx(50.0)
+
+
+def synthetic_point(prediction_: Prediction | None = None):
+    nbytes = TokenBytes(weights=3_000_000_000, kv=1_000_000_000, kv_context=1536)
+    results = {"tilertc": Timing(1.25, 1.4, 100), "hf-eager": Timing(20.0, 25.0, 100),
+               "hf-graph": "needs transformers", "kernel-per-op": Timing(2.5, 2.6, 100)}
+    return make_point(1024, 1024, nbytes, 4e12, results, {"tilertc": "kernel"}, prediction_)
+
+
+def test_point_roofline_and_speedups() -> None:
+    point = synthetic_point()
+    assert point.roofline_ms == pytest.approx(1.0)  # 4 GB at 4 TB/s
+    tilertc, eager = point.row("tilertc"), point.row("hf-eager")
+    assert tilertc.roofline_pct == pytest.approx(80.0)
+    assert eager.roofline_pct == pytest.approx(5.0)
+    assert tilertc.speedup_vs == pytest.approx({"hf-eager": 16.0, "kernel-per-op": 2.0})
+    assert eager.speedup_vs["tilertc"] == pytest.approx(1 / 16)
+    skipped = point.row("hf-graph")
+    assert skipped.timing is None and skipped.skipped == "needs transformers"
+    assert "hf-graph" not in tilertc.speedup_vs
+
+
+def test_token_bytes_are_inspect_bytes_at_the_mean_context() -> None:
+    spec = load_spec("llama-tiny")
+    got = token_bytes(spec, context=64, gen=32)
+    want = inspect_model(spec, get_target("h200"), max_seq_len=80).totals
+    assert got.kv_context == 80
+    assert got.weights == want["weight_bytes_per_token"]
+    assert got.kv == want["kv_bytes_per_token"]
+    assert got.total == got.weights + got.kv
+    assert token_bytes(spec, 128, 32).kv > got.kv  # KV reads grow with the context
+
+
+def test_prediction_uses_the_artifact_schedule_at_the_point_context() -> None:
+    spec = load_spec("llama-tiny")
+    m = {"options": {"tp": 1, "compute_warps": None, "page_kb": None, "page_groups": None},
+         "target": {"name": "h200"}}
+    p = prediction(spec, m, 80)
+    from tilertc.passes.cost import step_ns
+
+    assert p.context == 80
+    assert p.step_ms == pytest.approx(step_ns(schedule(spec, "h200", 1, 80)) / 1e6)
+    assert 0 < p.roofline_ms < p.step_ms
+
+
+def test_report_json_schema(tmp_path: Path) -> None:
+    report = synthetic_report([synthetic_point(Prediction(1.1, 0.9, 1536))])
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["schema_version"] == 1
+    for key in ("tilertc_version", "created", "command", "model", "artifact", "device",
+                "weights", "ceiling", "gate", "points", "profile"):
+        assert key in d
+    (point,) = d["points"]
+    assert point["context"] == 1024 and point["gen"] == 1024
+    assert point["bytes_per_token"] == {"weights": 3_000_000_000, "kv": 1_000_000_000,
+                                        "total": 4_000_000_000, "kv_context": 1536}
+    assert point["roofline_ms_per_token"] == pytest.approx(1.0)
+    assert point["prediction"] == {"step_ms": 1.1, "roofline_ms": 0.9, "context": 1536}
+    systems = {s["name"]: s for s in point["systems"]}
+    assert list(systems) == ["tilertc", "hf-eager", "hf-graph", "kernel-per-op"]
+    ok = systems["tilertc"]
+    assert ok["status"] == "ok"
+    for key in ("ms_per_token_median", "ms_per_token_p90", "ms_per_token_mean", "tokens_timed",
+                "tokens_per_s_per_user", "roofline_pct", "speedup_vs"):
+        assert key in ok
+    assert ok["tokens_per_s_per_user"] == pytest.approx(800.0)
+    assert systems["hf-graph"] == {"name": "hf-graph", "detail": "", "status": "skipped",
+                                   "reason": "needs transformers"}
+
+
+def synthetic_report(points) -> BenchReport:
+    gate = check_decode(*planted_run()[:3]).to_dict()
+    return BenchReport(model={"name": "llama-tiny", "spec_hash": "x"},
+                       artifact={"path": "a", "hash": "h", "max_seq_len": 2048, "options": {}},
+                       device={"name": "test GPU", "torch": torch.__version__, "cuda": None},
+                       weights="random bf16 (seed 0)",
+                       ceiling={"bytes_per_s": 4e12, "method": "test"}, gate=gate,
+                       points=points, command="tilertc bench llama-tiny", created="now")
+
+
+# -- the correctness gate --------------------------------------------------------------------
+def planted_run(steps: int = 8, vocab: int = 50):
+    """Reference logits with a clear winner per step, the kernel's a little off them, and the
+    kernel's tokens (the winners)."""
+    gen = torch.Generator().manual_seed(0)
+    ref = torch.randn(steps, vocab, generator=gen)
+    winners = torch.randint(0, vocab, (steps,), generator=gen)
+    ref[torch.arange(steps), winners] = 10.0
+    kernel = ref + 1e-3 * torch.randn(steps, vocab, generator=gen)
+    return kernel, ref, winners.tolist()
+
+
+def test_gate_passes_a_faithful_run() -> None:
+    kernel, ref, tokens = planted_run()
+    report = check_decode(kernel, ref, tokens, baseline_tokens=tokens, baseline="kpo")
+    assert report.passed, report.problems
+    assert report.max_rel_err < 2e-2 and report.clear_steps == len(tokens)
+    assert report.baseline_tokens_compared == len(tokens)
+    assert report.to_dict()["passed"] is True
+
+
+def test_gate_refuses_wrong_logits() -> None:
+    kernel, ref, tokens = planted_run()
+    kernel[3] += 0.5 * torch.randn(kernel.shape[1])
+    report = check_decode(kernel, ref, tokens)
+    assert not report.passed
+    assert any(p.startswith("step 3: the kernel's logits differ") for p in report.problems)
+    with pytest.raises(GateFailure, match="step 3"):
+        raise GateFailure(report)
+
+
+def test_gate_refuses_a_token_that_is_not_the_argmax() -> None:
+    kernel, ref, tokens = planted_run()
+    tokens[2] = (tokens[2] + 1) % kernel.shape[1]
+    problems = check_decode(kernel, ref, tokens).problems
+    assert any("step 2: the kernel emitted token" in p for p in problems)
+
+
+def test_gate_refuses_a_kernel_that_disagrees_with_the_interpreter_on_a_clear_step() -> None:
+    kernel, ref, tokens = planted_run()
+    other = (tokens[5] + 1) % kernel.shape[1]
+    kernel[5, other] = 10.5  # the kernel's logits pick another token, still within tolerance
+    tokens[5] = other
+    problems = check_decode(kernel, ref, tokens, rel_tol=1.0).problems
+    assert any("step 5: the kernel chose token" in p for p in problems)
+
+
+def test_gate_refuses_a_baseline_that_parts_on_a_clear_margin() -> None:
+    kernel, ref, tokens = planted_run()
+    baseline = list(tokens)
+    baseline[4] = (baseline[4] + 1) % kernel.shape[1]
+    report = check_decode(kernel, ref, tokens, baseline, "kernel-per-op-cuda-graph")
+    assert report.problems == [f"step 4: kernel-per-op-cuda-graph chose token {baseline[4]}, "
+                               f"the kernel {tokens[4]}, with a clear top-2 margin"]
+    assert report.baseline_tokens_compared == 4
+
+
+def test_gate_lets_a_baseline_part_on_a_tie() -> None:
+    kernel, ref, tokens = planted_run()
+    runner_up = (tokens[4] + 1) % kernel.shape[1]
+    ref[4, runner_up] = kernel[4, runner_up] = 9.99  # a near tie at step 4
+    baseline = [*tokens[:4], runner_up, 0, 0, 0]
+    report = check_decode(kernel, ref, tokens, baseline, "kpo")
+    assert report.passed, report.problems
+    assert report.baseline_diverged_at == 4 and report.baseline_tokens_compared == 4
+
+
+def test_gate_needs_clear_steps() -> None:
+    flat = torch.zeros(8, 50)
+    flat[:, :2] = 1.0  # every step a tie
+    report = check_decode(flat, flat, [0] * 8)
+    assert any("too few to check greedy tokens" in p for p in report.problems)
+    assert clear_margins(flat) == [False] * 8
+
+
+def test_gate_rejects_misshapen_inputs() -> None:
+    with pytest.raises(ValueError, match="one token per step"):
+        check_decode(torch.zeros(4, 10), torch.zeros(4, 10), [0, 0])
+
+
+# -- the kernel's profile -------------------------------------------------------------------------
+def synthetic_profile() -> StepProfile:
+    """Two steps on two CTAs: embed (1 task), layers.0.mlp and layers.1.mlp (2 tasks each),
+    lm_head (1 task). Step 1 is step 0 shifted by 1e18 ns, as globaltimer stamps are."""
+    step = np.array([
+        [0, 0, 1000],            # embed, CTA 0
+        [1000, 1500, 3000],      # layers.0.mlp, CTA 0
+        [0, 1500, 2500],         # layers.0.mlp, CTA 1
+        [3000, 3500, 4500],      # layers.1.mlp, CTA 0
+        [2500, 3000, 5000],      # layers.1.mlp, CTA 1
+        [5000, 6000, 7000],      # lm_head, CTA 1
+    ], dtype=np.int64)
+    stamps = np.stack([step + 10**18, step + 10**18 + 10**7])
+    ops = ["embed", "layers.0.mlp", "layers.0.mlp", "layers.1.mlp", "layers.1.mlp", "lm_head"]
+    return StepProfile(stamps, ops, np.array([0, 0, 1, 0, 1, 1]))
+
+
+def test_op_table_folds_layers_and_measures_from_the_stamps() -> None:
+    table = op_table(synthetic_profile())
+    assert table.steps == [1] and table.step_ns == pytest.approx(7000)
+    rows = {r.op: r for r in table.rows}
+    assert [r.op for r in table.rows] == ["embed", "mlp", "lm_head"]
+    mlp = rows["mlp"]
+    assert (mlp.ops_folded, mlp.tasks) == (2, 4)
+    assert mlp.span_ns == pytest.approx((3000 - 1500) + (5000 - 3000))
+    assert mlp.mean_task_ns == pytest.approx((1500 + 1000 + 1000 + 2000) / 4)
+    assert mlp.mean_wait_ns == pytest.approx((500 + 1500 + 500 + 500) / 4)
+    assert mlp.share == pytest.approx(3500 / 7000)
+    # Spans: embed [0, 1000], layer 0 [1500, 3000], layer 1 [3000, 5000], lm_head [6000, 7000].
+    assert table.gap_ns == pytest.approx(500 + 1000)
+    assert table.to_dict()["ops"][1]["op"] == "mlp"
+
+
+def test_op_table_skips_incomplete_steps() -> None:
+    prof = synthetic_profile()
+    prof.stamps[1, 5] = 0  # lm_head never ran in step 1
+    assert op_table(prof).steps == [0]
+    prof.stamps[0, 5] = 0
+    with pytest.raises(ValueError, match="no profiled step"):
+        op_table(prof)
+
+
+def test_fold_layer() -> None:
+    assert fold_layer("layers.12.ffn.down_proj") == "ffn.down_proj"
+    assert fold_layer("lm_head") == "lm_head"
+
+
+def test_task_ops_and_ctas_of_a_real_schedule() -> None:
+    program = schedule(load_spec("llama-tiny"), "h200", 1, 128)
+    tasks, offsets, ids = encode.encode(program)
+    counters = [c.name for c in program.counters]
+    ops = task_ops(tasks, counters)
+    assert ops == [t.op for t in program.tasks]
+    ctas = task_ctas(offsets, ids, tasks.shape[0])
+    assert (ctas >= 0).all()
+    assert ctas.tolist() == [t.sm for t in program.tasks]
+
+
+# -- outputs -------------------------------------------------------------------------------------
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC and path.stat().st_size > 1000
+
+
+def test_finish_writes_json_and_charts(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    points = [synthetic_point(Prediction(1.1, 0.9, 1536)), synthetic_point()]
+    report = synthetic_report(points)
+    console = Console(width=160, record=True)
+    written = finish(report, synthetic_profile(), tmp_path, console)
+    assert written == [tmp_path / "bench.json", tmp_path / "bench.png",
+                       tmp_path / "timeline.png"]
+    assert is_png(tmp_path / "bench.png") and is_png(tmp_path / "timeline.png")
+    d = json.loads((tmp_path / "bench.json").read_text())
+    assert d["profile"]["ops"][1]["op"] == "mlp" and d["profile"]["context"] == 1024
+    text = console.export_text()
+    for fact in ("tilertc", "hf-eager", "skipped: needs transformers", "measured roofline",
+                 "tilertc predicted", "mlp"):
+        assert fact in text
+
+
+def test_finish_without_profile_draws_no_timeline(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    written = finish(synthetic_report([synthetic_point()]), None, tmp_path, Console(width=160))
+    assert written == [tmp_path / "bench.json", tmp_path / "bench.png"]
+    assert json.loads((tmp_path / "bench.json").read_text())["profile"] is None
+
+
+# -- arguments and the command line ----------------------------------------------------------------
+def test_parse_points_systems_tuning() -> None:
+    assert parse_points("1k/1k,8k/1k") == ((1024, 1024), (8192, 1024))
+    assert parse_points("64/32") == ((64, 32),)
+    with pytest.raises(ValueError, match="CONTEXT/GEN"):
+        parse_points("1k")
+    assert parse_systems("tilertc, hf-eager") == ("tilertc", "hf-eager")
+    with pytest.raises(ValueError, match="include tilertc"):
+        parse_systems("hf-eager")
+    assert parse_tuning(("compute_warps=16",)) == (("compute_warps", 16),)
+    with pytest.raises(ValueError, match="KNOB"):
+        parse_tuning(("warps=16",))
+
+
+def test_check_model_refuses_a_context_beyond_the_model() -> None:
+    config = BenchConfig("llama-tiny", ((4096, 1024),), Path("unused"))
+    with pytest.raises(BenchError, match="max_position_embeddings"):
+        check_model(config)
+
+
+def test_help_names_every_option() -> None:
+    result = cli("bench", "--help")
+    assert result.exit_code == 0
+    for option in ("--context", "--gen", "--points", "--systems", "--tp", "--weights", "--out",
+                   "--profile", "--device", "--tune"):
+        assert option in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--systems", "tilertc,vllm"], "unknown system(s) vllm"),
+    (["--systems", "hf-eager"], "include tilertc"),
+    (["--points", "1k"], "CONTEXT/GEN"),
+    (["--gen", "1"], "--gen"),
+    (["--tune", "page_kb=big"], "KNOB=INTEGER"),
+])
+def test_argument_errors(args: list[str], message: str) -> None:
+    result = cli("bench", "llama-tiny", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+
+
+def test_unknown_model_is_an_error_line() -> None:
+    result = cli("bench", "no-such-model")
+    assert result.exit_code == 1
+    assert "Error: 'no-such-model' is neither a built-in model" in result.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without a GPU")
+def test_without_a_gpu_bench_says_so(tmp_path: Path) -> None:
+    result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--out",
+                 str(tmp_path / "out"))
+    assert result.exit_code == 1
+    assert "needs a CUDA GPU" in result.output
+    assert not (tmp_path / "out").exists()  # nothing compiled, nothing written
+
+
+def test_cpu_device_is_refused(tmp_path: Path) -> None:
+    result = cli("bench", "llama-tiny", "--device", "cpu", "--out", str(tmp_path))
+    assert result.exit_code == 1
+    assert "runs on a CUDA device, not 'cpu'" in result.output
+
+
+# -- on the GPU ----------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_bench_end_to_end_on_gpu(tmp_path: Path) -> None:
+    result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    d = json.loads((tmp_path / "bench.json").read_text())
+    assert d["gate"]["passed"]
+    (point,) = d["points"]
+    systems = {s["name"]: s for s in point["systems"]}
+    assert list(systems) == ["tilertc", "hf-eager", "hf-graph", "kernel-per-op"]
+    for s in systems.values():
+        assert s["status"] == "ok", s
+        assert 0 < s["ms_per_token_median"] <= s["ms_per_token_p90"]
+        assert s["roofline_pct"] > 0
+    assert set(systems["tilertc"]["speedup_vs"]) == {"hf-eager", "hf-graph", "kernel-per-op"}
+    assert 1e11 < d["ceiling"]["bytes_per_s"] < 1e13
+    assert point["prediction"]["step_ms"] > 0
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert is_png(tmp_path / "bench.png")
+
+
+@pytest.mark.gpu
+def test_bench_profile_on_gpu(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--systems",
+                 "tilertc", "--profile", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    assert is_png(tmp_path / "timeline.png")
+    prof = json.loads((tmp_path / "bench.json").read_text())["profile"]
+    ops = {r["op"] for r in prof["ops"]}
+    assert {"embed", "qkv_proj", "attention", "o_proj", "lm_head"} <= ops
+    assert 0 < prof["step_ns"] and all(r["span_ns"] >= 0 for r in prof["ops"])
