@@ -20,6 +20,7 @@ from rich.console import Console
 from tilertc import load_spec, schedule
 from tilertc.backends.cuda import encode
 from tilertc.bench import (
+    GATE_STEPS,
     BenchConfig,
     BenchError,
     check_model,
@@ -28,6 +29,7 @@ from tilertc.bench import (
     parse_systems,
     parse_tuning,
     prediction,
+    run_gate,
 )
 from tilertc.bench_gate import GateFailure, check_decode, clear_margins
 from tilertc.bench_report import (
@@ -415,3 +417,67 @@ def test_bench_profile_on_gpu(tmp_path: Path) -> None:
     ops = {r["op"] for r in prof["ops"]}
     assert {"embed", "qkv_proj", "attention", "o_proj", "lm_head"} <= ops
     assert 0 < prof["step_ns"] and all(r["span_ns"] >= 0 for r in prof["ops"])
+
+
+# -- the GPU-side steps, with the interpreter standing in for the kernel -------------------------
+class InterpreterEngine:
+    """What `tilertc.bench` uses of an `Engine`, computed by the interpreter on the CPU; with
+    `corrupt`, the logits of one step are off, as a broken kernel's would be."""
+
+    def __init__(self, name: str, max_seq_len: int = 128, corrupt_step: int | None = None):
+        from tilertc import build_graph
+        from tilertc.ir.interpreter import Interpreter
+        from tilertc.ir.weights import random_weights
+
+        self.spec = load_spec(name)
+        self.graph = build_graph(self.spec, max_seq_len)
+        self.weights = random_weights(self.graph, seed=1)
+        self.device = torch.device("cpu")
+        self.interp = Interpreter(self.graph, self.weights, "cpu")
+        self.position, self.steps, self.corrupt_step = 0, 0, corrupt_step
+        self.prefills: list[int] = []
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.interp.run(ids, torch.arange(self.position, self.position + ids.numel()))
+        self.position += ids.numel()
+        self.prefills.append(ids.numel())
+
+    def step(self, token: int) -> tuple[int, torch.Tensor]:
+        logits = self.interp.run(torch.tensor([token]),
+                                 torch.tensor([self.position]))["logits"][0]
+        if self.steps == self.corrupt_step:
+            logits = logits + logits.abs().max() * torch.randn(logits.shape)
+        self.position += 1
+        self.steps += 1
+        return int(logits.argmax()), logits
+
+    def generate(self, ids, max_new_tokens: int):
+        token = int(torch.as_tensor(ids).reshape(-1)[-1])
+        for _ in range(max_new_tokens):
+            token, _ = self.step(token)
+            yield token
+
+
+def test_gate_glue_passes_a_kernel_that_computes_the_model() -> None:
+    engine = InterpreterEngine("qwen3-tiny")
+    report = run_gate(engine, engine.weights, "cpu", seed=0)
+    assert report.passed, report.problems
+    assert report.steps == GATE_STEPS and report.baseline == "kernel-per-op-eager"
+    assert report.baseline_tokens_compared > 0
+
+
+def test_gate_glue_refuses_a_kernel_with_wrong_logits() -> None:
+    engine = InterpreterEngine("llama-tiny", corrupt_step=5)
+    report = run_gate(engine, engine.weights, "cpu", seed=0)
+    assert any(p.startswith("step 5: the kernel's logits differ") for p in report.problems)
+
+
+def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> None:
+    import tilertc.bench as bench
+
+    monkeypatch.setattr(bench, "PREFILL_CHUNK", 16)
+    engine = InterpreterEngine("llama-tiny")
+    prompt = torch.arange(40) % engine.spec.vocab_size
+    timing = bench.time_kernel(engine, prompt, 6, bench._quiet_phase)
+    assert engine.prefills == [16, 16, 7] and engine.position == 39
+    assert timing.tokens == 5 and 0 < timing.ms_median <= timing.ms_p90
