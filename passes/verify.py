@@ -21,9 +21,10 @@ see; the checks compare against that.
   begins; every read is checked against the writer it must see; the logits of each step must
   equal the interpreter's, teacher-forced with the sampled tokens, and be identical across
   interleavings. The structural checks run too.
-- Structural mode (any size, no numerics): one run. Whether the streams deadlock does not
-  depend on the interleaving (counters only grow and waits are thresholds, so an SM that may
-  proceed stays able to), so one run decides it. Vector clocks over that run give the
+- Structural mode (any size, no numerics): one run of one step (which decides every step, see
+  `structural`). Whether the streams deadlock does not depend on the interleaving (counters
+  only grow and waits are thresholds, so an SM that may proceed stays able to), so one run
+  decides it. Vector clocks over that run give the
   happens-before order of the waits, signals and program order: each region a task reads must
   be written by a task that happens before it, each overwrite must happen after the reads of
   the old value, and the sampler of a step must happen after every task of the step, so that
@@ -423,15 +424,21 @@ def preflight(program: Program, plan: Plan) -> None:
         raise VerificationError("read_before_write", plan.static_errors[0][1])
 
 
-def structural(program: Program, plan: Plan, steps: int = 2) -> None:
-    """Deadlock freedom over `steps` steps, then happens-before coverage of step 0's reads."""
+def structural(program: Program, plan: Plan) -> None:
+    """Deadlock freedom and happens-before coverage, from one run of one step.
+
+    One step decides every step: a step's tasks never wait for a later step's, so step 0 runs
+    to completion on its own if it can; counters then stand at exactly one step's count each
+    (`check_counters`), the gate and every lag >= 1 wait of step 1 are met by step 0, and its
+    other waits are step 0's shifted by one step's count, so step 1 replays step 0, and so on.
+    """
     preflight(program, plan)
     nsm, ntasks = len(program.streams), len(program.tasks)
     cols = nsm + len(plan.merges)
     sm_vc = np.zeros((nsm, cols), dtype=np.int32)
     joins: dict[int, np.ndarray] = {}
     group_vc = np.zeros((len(plan.merges), cols), dtype=np.int32)
-    machine = Machine(program, plan, steps)
+    machine = Machine(program, plan, 1)
     sampler_vc: list[np.ndarray] = []
 
     def knows(vc: np.ndarray, actor: int) -> bool:
@@ -476,8 +483,6 @@ def structural(program: Program, plan: Plan, steps: int = 2) -> None:
                     "for it")
 
     def on_task(tid: int, step: int) -> None:
-        if step:
-            return
         t = program.tasks[tid]
         vc = sm_vc[t.sm].copy()
         for counter, _, lag in t.waits:
@@ -495,8 +500,6 @@ def structural(program: Program, plan: Plan, steps: int = 2) -> None:
             sampler_vc.append(vc.copy())
 
     def on_merge(m: int, step: int) -> None:
-        if step:
-            return
         vc = group_vc[m].copy()
         vc[nsm + m] = 1
         check(ntasks + m, vc)
