@@ -133,7 +133,8 @@ def capacity_for(points: tuple[tuple[int, int], ...]) -> int:
 
 
 @contextmanager
-def _quiet_phase(_description: str) -> Iterator[None]:
+def quiet_phase(_description: str) -> Iterator[None]:
+    """A phase that shows nothing: for callers of `run_bench` without a terminal."""
     yield
 
 
@@ -267,7 +268,7 @@ def time_baseline(name: str, spec: ModelSpec, weights: dict[str, torch.Tensor],
 
 
 def run_bench(config: BenchConfig,
-              phase: Phase = _quiet_phase) -> tuple[BenchReport, StepProfile | None]:
+              phase: Phase = quiet_phase) -> tuple[BenchReport, StepProfile | None]:
     """Run the benchmark on the GPU; returns the report and the profile (or None). Raises
     GateFailure, without timing anything, when the gate finds a mismatch."""
     from tilertc.engine import Engine

@@ -52,6 +52,12 @@ class Timing:
     def tokens_per_s(self) -> float:
         return 1e3 / self.ms_median
 
+    @property
+    def batched_arrivals(self) -> bool:
+        """Whether tokens came in bursts (several per host poll of the token ring): then most
+        intervals are a few µs and the median falls far below the mean."""
+        return self.ms_mean is not None and self.ms_median < 0.5 * self.ms_mean
+
 
 def arrival_intervals(start: float, arrivals: Sequence[float]) -> list[float]:
     """Seconds per token from the host clock at which each token arrived: the first from
@@ -223,3 +229,8 @@ def print_point(point: BenchPoint, console: Console) -> None:
     for r in point.systems:
         if r.timing is None:
             console.print(f"[yellow]{r.name} skipped:[/yellow] {r.skipped}", highlight=False)
+        elif r.timing.batched_arrivals:
+            console.print(f"[yellow]{r.name}: tokens arrived faster than the host polls for "
+                          f"them, so single intervals are not token times; the mean, "
+                          f"{r.timing.ms_mean:.4f} ms/token, is the sounder figure",
+                          highlight=False)

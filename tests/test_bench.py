@@ -39,6 +39,7 @@ from tilertc.bench_report import (
     TokenBytes,
     arrival_intervals,
     make_point,
+    print_point,
     roofline_pct,
     token_bytes,
 )
@@ -65,6 +66,14 @@ def test_timing_statistics() -> None:
     assert t.tokens == 10 and t.tokens_per_s == pytest.approx(500.0)
     with pytest.raises(ValueError):
         Timing.from_seconds([])
+
+
+def test_batched_arrivals_are_flagged() -> None:
+    # A 30 µs step polled every 90 µs: tokens arrive three at a time.
+    bursts = Timing.from_seconds([90e-6, 1e-6, 1e-6] * 20)
+    assert bursts.batched_arrivals
+    assert not Timing.from_seconds([1e-3, 1.1e-3, 0.9e-3]).batched_arrivals
+    assert not Timing(1.0, 1.2, 10).batched_arrivals  # no raw times, nothing to judge
 
 
 def test_arrival_intervals() -> None:
@@ -316,6 +325,15 @@ def test_finish_writes_json_and_charts(tmp_path: Path) -> None:
         assert fact in text
 
 
+def test_table_says_when_token_arrivals_came_in_bursts() -> None:
+    nbytes = TokenBytes(weights=1000, kv=0, kv_context=64)
+    point = make_point(64, 61, nbytes, 4e12,
+                       {"tilertc": Timing.from_seconds([90e-6, 1e-6, 1e-6] * 20)})
+    console = Console(width=160, record=True)
+    print_point(point, console)
+    assert "the mean, 0.0307 ms/token, is the sounder figure" in console.export_text()
+
+
 def test_finish_without_profile_draws_no_timeline(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written = finish(synthetic_report([synthetic_point()]), None, tmp_path, Console(width=160))
@@ -478,6 +496,6 @@ def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> Non
     monkeypatch.setattr(bench, "PREFILL_CHUNK", 16)
     engine = InterpreterEngine("llama-tiny")
     prompt = torch.arange(40) % engine.spec.vocab_size
-    timing = bench.time_kernel(engine, prompt, 6, bench._quiet_phase)
+    timing = bench.time_kernel(engine, prompt, 6, bench.quiet_phase)
     assert engine.prefills == [16, 16, 7] and engine.position == 39
     assert timing.tokens == 5 and 0 < timing.ms_median <= timing.ms_p90
