@@ -145,8 +145,7 @@ def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Predictio
     from tilertc.passes.cost import roofline_ns, step_ns
 
     opts = m["options"]
-    tuning = {k: opts[k] for k in ("compute_warps", "page_kb", "page_groups")
-              if opts.get(k) is not None}
+    tuning = {k: opts[k] for k in TUNING_KNOBS if opts.get(k) is not None}
     program = schedule(spec, m["target"]["name"], opts["tp"], kv_context, tuning)
     return Prediction(step_ns(program) / 1e6, roofline_ns(program) / 1e6, kv_context)
 

@@ -8,6 +8,7 @@ benchmark runs on headless GPU machines and nothing else in tilertc needs it.
 from __future__ import annotations
 
 from pathlib import Path
+from textwrap import shorten
 from typing import Any
 
 from tilertc.bench_report import BenchPoint
@@ -35,20 +36,18 @@ def plot_bench(points: list[BenchPoint], title: str, path: str | Path) -> Path:
                              figsize=(9, 1.2 + 0.55 * sum(len(p.systems) for p in points)
                                       + 0.9 * len(points)))
     for ax, point in zip(axes[:, 0], points, strict=True):
-        names = [r.name for r in point.systems][::-1]
-        rates = [r.timing.tokens_per_s if r.timing else 0.0 for r in point.systems][::-1]
-        rows = point.systems[::-1]
-        ax.barh(names, rates, color=["#2b6cb0" if r.name == "tilertc" else "#a0aec0"
-                                     for r in rows])
+        rows = point.systems[::-1]  # the first system on top
+        rates = [r.timing.tokens_per_s if r.timing else 0.0 for r in rows]
+        ax.barh([r.name for r in rows], rates,
+                color=["#2b6cb0" if r.name == "tilertc" else "#a0aec0" for r in rows])
         roof = 1e3 / point.roofline_ms
         ax.axvline(roof, color="#c53030", linestyle="--", linewidth=1.2,
                    label=f"measured roofline: {roof:.0f} tokens/s")
         ax.legend(loc="lower right", fontsize=8)
-        for y, r in enumerate(rows):
-            label = (f" {r.timing.tokens_per_s:.0f} tok/s, {r.roofline_pct:.0f}% of roofline"
-                     if r.timing else f" skipped: {r.skipped}")
-            ax.text(r.timing.tokens_per_s if r.timing else 0.0, y, label, va="center",
-                    fontsize=8)
+        for y, (r, rate) in enumerate(zip(rows, rates, strict=True)):
+            label = (f" {rate:.0f} tok/s, {r.roofline_pct:.0f}% of roofline" if r.timing
+                     else f" skipped: {shorten(r.skipped or '', 70, placeholder=' …')}")
+            ax.text(rate, y, label, va="center", fontsize=8)
         ax.set_xlim(0, 1.35 * max([roof, *rates]))
         ax.set_xlabel("tokens/s per user (batch 1)")
         ax.set_title(f"context {point.context}, {point.gen} tokens", fontsize=10, loc="left")
