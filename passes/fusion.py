@@ -85,7 +85,7 @@ class Fusion:
         transposed slice); it replaces that tensor in the fused graph."""
         src = self.g.tensors[weight]
         name = self.out.tensor(f"{weight}.{kind}", shape, src.dtype, TensorKind.WEIGHT,
-                               src.hf_name, derived=kind, source=weight)
+                               src.hf_name, **src.attrs, derived=kind, source=weight)
         self.out.tensors.pop(weight, None)
         return name
 

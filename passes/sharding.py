@@ -149,6 +149,12 @@ class Sharder:
 
     def mla(self, op: Op) -> None:
         a = op.attrs
+        if op.opcode != "mla_attention":  # kv_b_proj: whole heads' rows, column-parallel
+            kv_b = self.g.tensors[op.inputs[1]]
+            if "shard" not in kv_b.attrs:
+                rows = kv_b.shape[0] // a["n_heads"] * self.split(op, "number of attention heads",
+                                                                  a["n_heads"])
+                self.resize(kv_b.name, (rows, kv_b.shape[1]), shard={"axis": 0, "tp": self.tp})
         a["n_heads"] = self.split(op, "number of attention heads", a["n_heads"])
         per_head = {"mla_absorb_q": a["kv_lora_rank"], "mla_attention": a["kv_lora_rank"],
                     "mla_expand_v": a["v_head_dim"]}[op.opcode]

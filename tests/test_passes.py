@@ -1,0 +1,270 @@
+"""Each pass, before and after: what it decides, checked on the program it leaves.
+
+Also the inputs the passes refuse (an unknown target, a --tp that does not divide the model, a
+tile that does not fit shared memory) and the CUDA backend's refusals: each error names the op
+or option and the limit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import pytest
+
+from tilertc import load_spec, schedule
+from tilertc.backends.cuda.codegen import constants
+from tilertc.ir.build import build_graph
+from tilertc.ir.graph import TensorKind
+from tilertc.ir.target import get_target
+from tilertc.passes.cost import op_times_ns
+from tilertc.passes.fusion import fuse
+from tilertc.passes.packing import pack, static_bytes
+from tilertc.passes.pipeline import PASSES
+from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.residency import place
+from tilertc.passes.roles import assign_roles
+from tilertc.passes.scheduling import schedule as schedule_pass
+from tilertc.passes.sharding import shard
+from tilertc.passes.synchronization import synchronize
+from tilertc.passes.tiling import MATVEC, row_bytes, tile
+
+
+def until(name: str, last: Callable[[Program], Program], tp: int = 1, target: str = "h200",
+          **overrides: object) -> tuple[Program, Program]:
+    """(the program before `last`, a deep copy of it; then `last` has run on the first)."""
+    spec = load_spec(name, overrides)
+    program = Program(spec, build_graph(spec), get_target(target), tp)
+    program.config["tuning"] = {}
+    for run in PASSES:
+        if run is last:
+            before = Program(program.spec, _copy_graph(program.graph), program.target, tp,
+                             [dataclasses.replace(t) for t in program.tasks],
+                             [list(s) for s in program.streams], config=dict(program.config))
+            return before, run(program)
+        program = run(program)
+    raise AssertionError(f"{last.__name__} is not in the pipeline")
+
+
+def _copy_graph(g):
+    from tilertc.ir.graph import Graph
+
+    return Graph.from_dict(g.to_dict())
+
+
+# -- sharding ----------------------------------------------------------------------------------
+
+def test_sharding_tp1_changes_nothing() -> None:
+    before, after = until("llama-tiny", shard)
+    assert {n: t.shape for n, t in before.graph.tensors.items()} == \
+           {n: t.shape for n, t in after.graph.tensors.items()}
+    assert after.config["sharding"] == {"tp": 1, "allreduce_after": []}
+
+
+def test_sharding_tp8_splits_heads_mlp_and_vocab_and_all_reduces_before_residuals() -> None:
+    before, after = until("llama-3.1-8b", shard, tp=8)
+    b, a = before.graph.tensors, after.graph.tensors
+    assert b["layers.0.self_attn.q_proj"].shape == (4096, 4096)
+    assert a["layers.0.self_attn.q_proj"].shape == (512, 4096)  # 4 of 32 heads
+    assert a["layers.0.self_attn.k_proj"].shape == (128, 4096)  # 1 of 8 KV heads
+    assert a["layers.0.self_attn.o_proj"].shape == (4096, 512)  # row-parallel
+    assert a["layers.0.mlp.gate_proj"].shape == (14336 // 8, 4096)
+    assert a["layers.0.mlp.down_proj"].shape == (4096, 14336 // 8)
+    assert a["lm_head"].shape == (128256 // 8, 4096)
+    attn = after.graph.op("layers.0.attention").attrs
+    assert (attn["n_heads"], attn["n_kv_heads"]) == (4, 1)
+    assert after.config["sharding"]["allreduce_after"][:2] == ["layers.0.o_proj",
+                                                               "layers.0.ffn.down_proj"]
+    assert len(after.config["sharding"]["allreduce_after"]) == 64
+
+
+def test_sharding_replicates_kv_heads_and_splits_experts() -> None:
+    _, after = until("qwen3-30b-a3b", shard, tp=8)
+    assert after.graph.tensors["layers.0.self_attn.k_proj"].shape == (128, 2048)
+    experts = after.graph.op("layers.0.moe.experts")
+    assert len(experts.inputs) == 3 + 3 * 16 and experts.attrs["slots"] == 8
+    assert "layers.0.mlp.experts.16.gate_proj" not in after.graph.tensors
+    assert any("replicated on 2 ranks" in d for d in after.decisions)
+    assert any("16 routed experts per rank" in d for d in after.decisions)
+
+
+@pytest.mark.parametrize(("model", "tp", "overrides", "message"), [
+    ("llama-3.1-8b", 3, {}, "--tp 3: number of attention heads 32 is not divisible by 3 "
+                            "(op 'layers.0.q_proj')"),
+    ("llama-tiny", 6, {"num_attention_heads": 12, "num_key_value_heads": 4},
+     "--tp 6: 4 KV heads can neither be split over nor replicated on 6 ranks (op "
+     "'layers.0.k_proj')"),
+    ("qwen3-moe-tiny", 4, {"num_experts": 6},
+     "--tp 4: number of routed experts 6 is not divisible by 4 (op 'layers.0.moe.experts')"),
+    ("llama-tiny", 0, {}, "--tp 0: the number of GPU ranks must be at least 1"),
+])
+def test_a_tp_that_does_not_divide_the_model_is_refused(model: str, tp: int, overrides: dict,
+                                                        message: str) -> None:
+    with pytest.raises(ScheduleError) as err:
+        schedule(load_spec(model, overrides), tp=tp)
+    assert str(err.value) == message
+
+
+# -- fusion ------------------------------------------------------------------------------------
+
+def test_fusion_folds_the_norm_and_qkv_projections_into_one_norm_matvec() -> None:
+    before, after = until("llama-tiny", fuse)
+    assert [before.graph.op(n).opcode for n in ("layers.0.input_norm", "layers.0.q_proj",
+                                                "layers.0.k_proj", "layers.0.v_proj")] == \
+        ["rms_norm", "linear", "linear", "linear"]
+    qkv = after.graph.op("layers.0.qkv_proj")
+    assert qkv.opcode == "norm_matvec"
+    assert qkv.attrs["fused_from"] == ["layers.0.input_norm", "layers.0.q_proj",
+                                       "layers.0.k_proj", "layers.0.v_proj"]
+    assert after.graph.tensors[qkv.outputs[0]].attrs["parts"] == [
+        ["layers.0.q", 64], ["layers.0.k", 32], ["layers.0.v", 32]]
+    assert len(before.graph.ops()) == 36 and len(after.graph.ops()) == 13
+    ffn = after.graph.op("layers.0.ffn.gate_up_proj")
+    assert (ffn.attrs["epilogue"], ffn.attrs["interleave"]) == ("silu_mul", True)
+
+
+def test_fusion_of_moe_mla_and_dsa_blocks() -> None:
+    _, after = until("glm-5-tiny", fuse)
+    layer1 = [(op.name.removeprefix("layers.1."), op.opcode) for op in after.graph.ops()
+              if op.layer == 1]
+    assert layer1 == [
+        ("attn_in_proj", "norm_matvec"), ("q_b_proj", "norm_matvec"),
+        ("q_absorb", "head_matvec"), ("dsa.score", "dsa_score"), ("dsa.topk", "dsa_topk"),
+        ("attention", "mla_attention"), ("v_expand", "head_matvec"), ("o_proj", "matvec_add"),
+        ("moe.router", "norm_matvec"), ("ffn.shared_experts.gate_up_proj", "norm_matvec"),
+        ("moe.topk", "moe_topk"), ("moe.gate_up", "moe_gate_up"),
+        ("moe.down_proj", "moe_down_add")]
+    q_b = after.graph.op("layers.1.q_b_proj")  # reads the q_a part of attn_in_proj
+    assert q_b.inputs[0] == "layers.1.attn_in_proj" and q_b.attrs["in_offset"] == 0
+    assert "layers.1.self_attn.kv_b_proj.w_uk_t" in after.graph.tensors
+
+
+# -- tiling ------------------------------------------------------------------------------------
+
+def test_tiling_gives_every_sm_the_same_bytes_of_each_matvec() -> None:
+    before, after = until("llama-3.1-8b", tile)
+    assert not before.tasks
+    sms = after.target.num_sms
+    for op in after.graph.ops():
+        tasks = after.tasks_of(op.name)
+        if op.opcode in MATVEC:
+            sizes = [t.weight_bytes for t in tasks]
+            assert len(tasks) <= sms
+            assert max(sizes) - min(sizes) <= row_bytes(after, op)
+            assert sum(sizes) == sum(after.graph.tensors[w].nbytes for w in op.inputs
+                                     if after.graph.tensors[w].kind is TensorKind.WEIGHT
+                                     and len(after.graph.tensors[w].shape) == 2)
+        elif op.opcode == "attention":
+            tile_ = op.attrs["tile"]
+            assert len(tasks) == tile_["signals"] * tile_["chunks"] <= sms
+
+
+def test_tiling_spreads_each_routed_slot_over_the_sms() -> None:
+    _, after = until("qwen3-30b-a3b", tile, tp=8)
+    gate_up = after.graph.op("layers.0.moe.gate_up")
+    assert gate_up.attrs["tile"] == {"tasks": 8 * 132, "busy": 1 / 8}
+    assert all(not t.segments for t in after.tasks_of(gate_up.name))
+
+
+# -- residency ---------------------------------------------------------------------------------
+
+def test_residency_ring_satisfies_littles_law_and_fits_shared_memory() -> None:
+    _, after = until("llama-3.1-8b", place)
+    cfg, tgt = after.config, after.target
+    in_flight = cfg["ring_pages"] * cfg["page_bytes"]
+    assert in_flight >= tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
+    assert cfg["ring_pages"] >= 2 and cfg["smem_bytes"] <= tgt.smem_per_block
+    act = sorted((b.offset, b.offset + b.numel) for b in after.buffers.values() if b.arena == "act")
+    assert all(hi <= lo for (_, hi), (lo, _) in zip(act, act[1:], strict=False))  # no overlap
+
+
+def test_residency_places_ids_and_mla_partials() -> None:
+    _, after = until("deepseek-v3.2-tiny", place)
+    assert after.buffers["layers.1.moe.expert_ids"].dtype == "int32"
+    assert after.buffers["layers.0.dsa.topk"].dtype == "int32"
+    assert after.buffers["mla_partials"].numel > 0
+
+
+def test_a_tile_that_does_not_fit_shared_memory_is_refused() -> None:
+    small = dataclasses.replace(get_target("h200"), name="small", smem_per_block=24 * 1024)
+    with pytest.raises(ScheduleError) as err:
+        schedule(load_spec("llama-3.1-8b"), target=small)
+    msg = str(err.value)
+    assert msg.startswith("op 'layers.0.ffn.down_proj': one weight row is 28672 B")
+    assert "24576 B of shared memory of small" in msg
+
+
+def test_an_unknown_target_is_refused_with_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown target 'h300' \(known: h200, h100, b200\)"):
+        schedule(load_spec("llama-tiny"), target="h300")
+
+
+# -- roles, scheduling, packing, synchronization, cost -----------------------------------------
+
+def test_roles_give_each_cta_a_loader_warp_and_compute_warps() -> None:
+    before, after = until("llama-tiny", assign_roles)
+    assert "compute_warps" not in before.config
+    assert after.config["threads"] == (after.config["compute_warps"] + 1) * 32
+    assert after.config["ctas"] == after.target.num_sms
+
+
+def test_scheduling_balances_streamed_time_and_keeps_op_order() -> None:
+    before, after = until("llama-3.1-8b", schedule_pass)
+    assert all(t.sm == -1 for t in before.tasks)
+    load = [sum(after.tasks[i].est_ns for i in s) for s in after.streams]
+    assert max(load) / (sum(load) / len(load)) - 1 < 0.02
+    order = {op.name: i for i, op in enumerate(after.graph.ops())}
+    for stream in after.streams:
+        ops = [order[after.tasks[i].op] for i in stream]
+        assert ops == sorted(ops)
+
+
+def test_packing_lays_each_sm_out_contiguously_and_experts_apart() -> None:
+    _, after = until("qwen3-moe-tiny", pack)
+    for stream in after.streams:
+        offsets = [after.tasks[i].weight_offset for i in stream
+                   if static_bytes(after, after.tasks[i])]
+        assert offsets == sorted(offsets)
+    routed = after.tasks_of("layers.0.moe.gate_up")
+    assert all(t.weight_offset == -1 and t.weight_bytes > 0 for t in routed)
+    assert after.config["expert_weight_bytes"] == 2 * 8 * 3 * 32 * 64 * 2
+
+
+def test_synchronization_prunes_waits_implied_by_other_waits() -> None:
+    _, after = until("llama-tiny", synchronize)
+    g = after.graph
+    o_proj = g.op("layers.0.o_proj")
+    producers = {p.name for p in g.producers(o_proj.name)}
+    assert producers == {"embed", "layers.0.attention"}  # the residual, and attention
+    waits = {after.counters[c].name for c, _, _ in after.tasks_of(o_proj.name)[0].waits}
+    assert waits == {"layers.0.attention"}  # embed happens before attention already
+    embed = after.tasks_of("embed")[0]
+    assert [(after.counters[c].name, lag) for c, _, lag in embed.waits] == [("sample", 1)]
+
+
+def test_cost_adds_an_all_reduce_under_tensor_parallelism() -> None:
+    one, eight = schedule(load_spec("llama-3.1-8b")), schedule(load_spec("llama-3.1-8b"), tp=8)
+    t1, t8 = op_times_ns(one), op_times_ns(eight)
+    assert t8["layers.0.o_proj"] > eight.target.link_latency_ns
+    assert t8["layers.0.qkv_proj"] < t1["layers.0.qkv_proj"]
+
+
+# -- the CUDA backend's refusals -----------------------------------------------------------------
+
+def test_cuda_codegen_refuses_what_it_does_not_run() -> None:
+    with pytest.raises(ScheduleError, match=r"op 'layers.0.moe.topk': fused opcode 'moe_topk' is "
+                                            r"not yet in the CUDA backend"):
+        constants(schedule(load_spec("qwen3-moe-tiny")))
+    with pytest.raises(ScheduleError, match=r"--tp 2: tensor parallelism is not yet in the CUDA "
+                                            r"backend"):
+        constants(schedule(load_spec("llama-tiny"), tp=2))
+
+
+def test_sharding_splits_mla_heads_and_keeps_the_latent_path_replicated() -> None:
+    _, after = until("deepseek-v3.2", shard, tp=8)
+    t = after.graph.tensors
+    assert t["layers.0.self_attn.kv_b_proj"].shape == (128 * 256 // 8, 512)
+    assert t["layers.0.self_attn.q_b_proj"].shape == (128 * 192 // 8, 1536)
+    assert t["layers.0.self_attn.q_a_proj"].shape == (1536, 7168)  # replicated
+    assert t["layers.0.self_attn.indexer.wq_b"].shape == (64 * 128, 1536)
+    assert after.graph.op("layers.0.attention").attrs["n_heads"] == 16
