@@ -75,6 +75,8 @@ def residency(program: Program, tensor: str) -> str:
         return "HBM, packed in stream order, streamed through the smem ring"
     b = program.buffers.get(tensor)
     if b is None:
+        if t.kind is TensorKind.OUTPUT:
+            return "device token list, copied to a host-mapped ring"
         return "host input" if t.kind is TensorKind.INPUT else "not materialized"
     if b.arena == "kv":
         return f"HBM, {b.dtype} KV arena @{b.offset}"
@@ -102,14 +104,18 @@ def tp_role(program: Program, op) -> str:
     return role + (" + all-reduce" if set(op.attrs.get("fused_from", ())) & after else "")
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("s" if n != 1 else "")
+
+
 def _tile_text(op) -> str:
     tile = op.attrs["tile"]
     if "rows_per_task" in tile:
         lo, hi = tile["rows_per_task"]
-        return f"{lo}-{hi} rows" if lo != hi else f"{lo} rows"
+        return f"{lo}-{hi} rows" if lo != hi else _count(lo, "row")
     if "chunks" in tile:
-        return (f"{tile['signals']} groups of {tile['heads_per_task']} heads x "
-                f"{tile['chunks']} chunks")
+        return (f"{_count(tile['signals'], 'group')} of {_count(tile['heads_per_task'], 'head')}"
+                f" x {_count(tile['chunks'], 'chunk')}")
     if "context_chunks" in tile:
         return f"{tile['context_chunks']} context chunks"
     if "busy" in tile:

@@ -57,6 +57,7 @@ class Fusion:
 
     def emit(self, name: str, opcode: str, inputs: list[str], outputs: list[str],
              layer: int | None, fused: list[Op], **attrs: object) -> None:
+        assert opcode in FUSED_OPCODES, opcode
         self.out.add(name, opcode, inputs, outputs, layer, fused_from=[o.name for o in fused],
                      **attrs)
         self.done.update(o.name for o in fused)

@@ -108,3 +108,10 @@ def test_modes_and_their_limits() -> None:
         verify(schedule(load_spec("llama-tiny"), tp=2), "numeric")
     assert verify(tiny(), "auto", steps=1, interleavings=1).mode == "numeric"
     assert verify(schedule(load_spec("llama-tiny"), tp=2), "auto").mode == "structural"
+
+
+def test_every_fused_opcode_has_tile_semantics() -> None:
+    from tilertc.passes.fusion import FUSED_OPCODES
+    from tilertc.passes.task_semantics import KINDS
+
+    assert set(FUSED_OPCODES) == set(KINDS)
