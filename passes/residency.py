@@ -88,17 +88,16 @@ def place(program: Program) -> Program:
     ring = tgt.smem_per_block - smem_bytes(0, 0, vec_floats, acc_floats)
     max_row = max(row_bytes(program, op) for op in mv_ops)
     worst = max(mv_ops, key=lambda op: row_bytes(program, op))
-    if ring < 2 * max_row:
+    half = (ring - 32) // 2  # two pages and their mbarriers must fit
+    if half < max_row:
         raise ScheduleError(
             f"op {worst.name!r}: one weight row is {max_row} B; two rows do not fit "
             f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
             f"the {act_smem} B input vector"
         )
     page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
-    page = min(-(-page // 1024) * 1024, ring // 2)
-    pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers
-    while smem_bytes(pages, page, vec_floats, acc_floats) > tgt.smem_per_block:
-        pages -= 1
+    page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
+    pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
     program.config.update(
         page_bytes=page,
