@@ -46,10 +46,11 @@ def assign_roles(program: Program) -> Program:
         f"per CTA: 1 loader warp + {warps} compute warps "
         f"({threads} threads, <= {REGS_PER_THREAD} registers each); one CTA per SM",
     )
-    program.decide(
-        "roles",
-        f"compute warps in {groups} groups of {warps // groups}, each on its "
-        f"own ring page, so that page latencies overlap ({pages} pages: "
-        f"{pages - groups} stay in flight while every group computes)",
-    )
+    if groups == 1:
+        program.decide("roles", f"all compute warps work on one ring page at a time ({pages} "
+                       f"pages: {pages - 1} in flight while one is computed)")
+    else:
+        program.decide("roles", f"compute warps in {groups} groups of {warps // groups}, each on "
+                       f"its own ring page, so that page latencies overlap ({pages} pages: "
+                       f"{pages - groups} stay in flight while every group computes)")
     return program
