@@ -4,7 +4,9 @@ Loading checks the artifact against this compiler and this GPU, checks the weigh
 the artifact (every tensor, shape and dtype), packs them into the layout the manifest names,
 and loads the cubin through the CUDA driver API. Prefill runs in the interpreter on the GPU
 and its KV cache is copied into the kernel's layout; decoding is one cooperative launch that
-runs the token loop on the GPU and streams tokens through a host-mapped ring.
+runs the token loop on the GPU and streams tokens through a host-mapped ring. The kernel picks
+each token itself: greedily, or by seeded temperature / top-k / top-p sampling whose exact
+semantics (and the reference the kernel is tested against) are `tilertc.ir.sampling`.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ from tilertc.artifact import (
 from tilertc.ir.build import build_graph
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.rope import cos_sin
+from tilertc.ir.sampling import SamplingParams
 from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
 
 __all__ = [
     "ArtifactError",
     "Engine",
+    "SamplingParams",
     "WeightMismatch",
     "check_capacity",
     "check_device",
@@ -43,8 +47,10 @@ __all__ = [
     "read_manifest",
 ]
 
-PARAM_WORDS = 23  # decode.cuh: Params, 8-byte words
+PARAM_WORDS = 24  # decode.cuh: Params, 8-byte words
+SAMPLE_WORDS = 4  # decode.cuh: SampleArgs, 8-byte words
 STATUS_WORDS = 8
+ST_NUCLEUS_CUT = 6  # decode.cuh: Status, steps whose nucleus was cut to the candidates
 ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weight ring stalled"}
 
 
@@ -52,6 +58,17 @@ def _driver():
     from cuda.bindings import driver
 
     return driver
+
+
+def sample_words(params: SamplingParams) -> list[int]:
+    """decode.cuh: SampleArgs as int64 words: temperature and top_p as the float64 bits of their
+    float32 values (the precision the kernel and the reference use), top_k, the seed's bits."""
+
+    def f64_bits(x: np.float32) -> int:
+        return int(np.float64(x).view(np.int64))
+
+    return [f64_bits(params.temperature32), f64_bits(params.top_p32), params.top_k,
+            int(np.uint64(params.seed).view(np.int64))]
 
 
 def _check(result: tuple, what: str) -> Any:
@@ -80,6 +97,7 @@ class Engine:
         self.max_seq_len = manifest["max_seq_len"]
         self.watchdog_ns = int(watchdog_s * 1e9)
         self.position = 0
+        self.nucleus_cut_steps = 0  # of the last launch: top-p nuclei cut to the candidates
         self._interp: Interpreter | None = None
         self._upload()
         self._load_cubin()
@@ -153,6 +171,7 @@ class Engine:
         self.host_count = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.host_stop = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.params = torch.zeros(PARAM_WORDS, dtype=torch.int64, device=dev)
+        self.sample_args = torch.zeros(SAMPLE_WORDS, dtype=torch.int64, device=dev)
         self.profile: torch.Tensor | None = None
 
     def _act(self, name: str) -> torch.Tensor:
@@ -184,7 +203,8 @@ class Engine:
             )
 
     # -- decoding -----------------------------------------------------------------------------
-    def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int) -> None:
+    def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int,
+                sampling: SamplingParams) -> None:
         if start_pos + n_steps > self.max_seq_len:
             raise ValueError(
                 f"decoding {n_steps} tokens from position {start_pos} exceeds the KV "
@@ -222,9 +242,11 @@ class Engine:
             prof,
             prof_steps,
             self.tasks.shape[0],
+            self.sample_args.data_ptr(),
         ]
         assert len(words) == PARAM_WORDS
         self.params.copy_(torch.tensor(words, dtype=torch.int64))
+        self.sample_args.copy_(torch.tensor(sample_words(sampling), dtype=torch.int64))
         self.counters.zero_()
         self.status.zero_()
         self.host_count.zero_()
@@ -261,6 +283,7 @@ class Engine:
                 f"{st[2]}, waiting on counter of {counter!r}); the kernel stopped "
                 "making progress and was ended by its watchdog"
             )
+        self.nucleus_cut_steps = st[ST_NUCLEUS_CUT]
         return int(self.host_count[0])
 
     def prefill(self, input_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -288,9 +311,18 @@ class Engine:
                 )
                 dst[:, pos.to(self.device)] = src.transpose(0, 1).to(torch.bfloat16)
 
-    def step(self, token_id: int) -> tuple[int, torch.Tensor]:
-        """One decode step of the kernel: feed `token_id`; returns (greedy next token, logits)."""
-        self._launch(int(token_id), self.position, 1, -1)
+    def step(
+        self,
+        token_id: int,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> tuple[int, torch.Tensor]:
+        """One decode step of the kernel: feed `token_id` at `self.position`; returns (the next
+        token, chosen as `generate` does, and the step's logits)."""
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        self._launch(int(token_id), self.position, 1, -1, sampling)
         self._finish()
         self.position += 1
         return int(self.device_tokens[0]), self._act(self.m["logits"]).clone()
@@ -301,14 +333,27 @@ class Engine:
         max_new_tokens: int,
         eos_token_id: int | None = None,
         temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
     ) -> Iterator[int]:
-        """Prefill `input_ids`, then decode up to `max_new_tokens` greedily in one launch,
-        yielding each token as the kernel writes it."""
-        if temperature != 0.0:
-            raise NotImplementedError(
-                "in-kernel sampling with temperature/top-k/top-p is not "
-                "implemented yet; use temperature=0 (greedy)"
-            )
+        """Prefill `input_ids`, then decode up to `max_new_tokens` in one launch, yielding each
+        token as the kernel writes it. Tokens are greedy with temperature 0, else sampled in the
+        kernel from softmax(logits / temperature), restricted to the top_k most likely
+        (0: off, at most `ir.sampling.K_MAX`) and then to the top_p nucleus, with the
+        counter-based RNG keyed by (seed, position): reproducible for a seed, and the same
+        tokens as single `step`s with the same arguments. Bad arguments raise ValueError here,
+        before any work."""
+        sampling = SamplingParams(temperature, top_k, top_p, seed)
+        return self._generate(input_ids, max_new_tokens, eos_token_id, sampling)
+
+    def _generate(
+        self,
+        input_ids: list[int] | torch.Tensor,
+        max_new_tokens: int,
+        eos_token_id: int | None,
+        sampling: SamplingParams,
+    ) -> Iterator[int]:
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         if ids.numel() == 0:
             raise ValueError("generate needs at least one input token")
@@ -317,7 +362,11 @@ class Engine:
             self.prefill(ids[:-1])
         start = self.position
         self._launch(
-            int(ids[-1]), start, max_new_tokens, -1 if eos_token_id is None else eos_token_id
+            int(ids[-1]),
+            start,
+            max_new_tokens,
+            -1 if eos_token_id is None else eos_token_id,
+            sampling,
         )
         done = torch.cuda.Event()
         done.record()

@@ -20,6 +20,7 @@ Decides:
 from __future__ import annotations
 
 from tilertc.ir.graph import TensorKind
+from tilertc.ir.sampling import partials_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
 from tilertc.passes.tiling import MATVEC, ROUTED, row_bytes
 
@@ -166,6 +167,10 @@ def place(program: Program) -> Program:
             "argmax_partials", act_off, 2 * n, "fp32", "act"
         )
         act_off += _align(2 * n)
+        # top-k / top-p: each task's softmax partial and best candidates (ir/sampling.py)
+        part = partials_floats(lm[0].attrs["rows"], n)
+        program.buffers["sample_partials"] = Buffer("sample_partials", act_off, part, "fp32", "act")
+        act_off += _align(part)
     program.config.update(act_arena=act_off, kv_arena=kv_off)
     program.decide(
         "residency",

@@ -4,6 +4,11 @@ Teacher-forced: after a prefill, both the kernel and the interpreter (float32, s
 weights) are fed the same tokens step by step and their logits compared. Greedy tokens must
 agree wherever the reference's top-2 margin is clearly above bf16 noise, and the in-kernel
 token loop must produce the same tokens as repeated single steps.
+
+Sampling (temperature, top-k, top-p): the kernel's token at every step must be the one
+ir/sampling.py's reference draws from the kernel's own logits of that step, with the same seed
+and position, wherever the reference's choice is not within rounding of a tie; the token loop
+must again equal single steps, and seeds must reproduce.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import tilertc
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import Engine
 from tilertc.ir.interpreter import Interpreter
+from tilertc.ir.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
 
@@ -80,6 +86,62 @@ def test_eos_stops_the_loop(engine: Engine) -> None:
     engine.position = 0
     stopped = list(engine.generate(prompt, max_new_tokens=8, eos_token_id=free[2]))
     assert stopped == free[:free.index(free[2]) + 1]
+
+
+# temperature only (Gumbel-max over every row), top-k, top-p over the vocabulary (nucleus from
+# the tasks' softmax partials), and both; a small temperature makes the tiny models' flat
+# random logits peaked enough for top-p to matter
+SAMPLING = [(0.8, 0, 1.0), (1.0, 40, 1.0), (0.3, 0, 0.9), (0.7, 20, 0.8), (1.0, 1, 1.0)]
+SAMPLED_STEPS, SEED = 24, 1234
+MARGIN = 1e-4  # the kernel's softmax normalizer is a float32 sum per task
+
+
+@pytest.mark.parametrize(("temperature", "top_k", "top_p"), SAMPLING)
+def test_sampled_tokens_are_the_reference_draw_from_the_kernels_logits(
+        engine: Engine, temperature: float, top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(5)
+    vocab = engine.spec.vocab_size
+    prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
+    feed = torch.randint(0, vocab, (SAMPLED_STEPS,), generator=gen)
+    params = SamplingParams(temperature, top_k, top_p, SEED)
+    engine.position = 0
+    engine.prefill(prompt)
+    checked, drawn = 0, set()
+    for i, tok in enumerate(feed.tolist()):
+        pos = engine.position
+        got, logits = engine.step(tok, temperature, top_k, top_p, SEED)
+        want = sample(logits, params, pos)
+        drawn.add(got)
+        if want.margin > MARGIN:
+            checked += 1
+            assert got == want.token, f"step {i}: kernel drew {got}, the reference {want}"
+            assert engine.nucleus_cut_steps == int(want.cut), f"step {i}: nucleus cut differs"
+    assert checked >= SAMPLED_STEPS // 2, "too few steps clear of rounding to compare"
+    if top_k != 1:
+        assert len(drawn) > 1, "sampling always drew the same token"
+
+
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (30, 0.9)])
+def test_sampled_token_loop_equals_single_steps_and_seeds_reproduce(
+        engine: Engine, top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(13)
+    prompt = torch.randint(0, engine.spec.vocab_size, (PREFILL,), generator=gen)
+    args = {"temperature": 1.0, "top_k": top_k, "top_p": top_p}
+
+    def loop(seed: int) -> list[int]:
+        engine.position = 0
+        return list(engine.generate(prompt, max_new_tokens=32, seed=seed, **args))
+
+    looped = loop(SEED)
+    engine.position = 0
+    engine.prefill(prompt[:-1])
+    tok, stepped = int(prompt[-1]), []
+    for _ in range(32):
+        tok, _ = engine.step(tok, seed=SEED, **args)
+        stepped.append(tok)
+    assert looped == stepped
+    assert loop(SEED) == looped
+    assert loop(SEED + 1) != looped
 
 
 def test_watchdog_turns_a_stall_into_an_error(tmp_path) -> None:

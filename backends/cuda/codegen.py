@@ -13,6 +13,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import REDUCTION_FLOATS
 
@@ -47,6 +48,7 @@ def constants(program: Program) -> dict[str, object]:
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]
     if hd % 2:
         raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
+    lm = next(op for op in program.graph.ops() if op.attrs.get("epilogue") == "argmax").attrs
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -65,6 +67,10 @@ def constants(program: Program) -> dict[str, object]:
         "QK_NORM": int(attn["qk_norm"]),
         "QK_NORM_EPS": f"{attn['eps']!r}f" if attn["qk_norm"] else "0.0f",
         "ROPE_INTERLEAVED": int(attn["rope"]["interleaved"]),
+        "SAMPLE_K": K_MAX,
+        "SAMPLE_TASKS": lm["tile"]["tasks"],
+        "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),
+        "SAMPLE_ROW_BITS": row_bits(spec.vocab_size),
     }
 
 

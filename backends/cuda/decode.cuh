@@ -40,8 +40,19 @@ struct Params {
   long long watchdog_ns;
   unsigned long long* profile;  // null, or [profile_steps][n_tasks][3] globaltimer stamps
   long long profile_steps, n_tasks;
+  const struct SampleArgs* sample;  // the sampling parameters (below)
 };
-enum Status : int { ST_ERROR, ST_ERROR_SM, ST_ERROR_TASK, ST_ERROR_COUNTER, ST_STOP, ST_STEPS, STATUS_WORDS };
+// In their own block, read where they are used: held in registers from the kernel's start like
+// the other parameters, they (and what the compiler derives from them) would crowd the
+// registers every task needs, and spill.
+struct SampleArgs {
+  double temperature, top_p;  // float32 values (the host rounds them); temperature 0: greedy
+  long long top_k;            // 0: off
+  unsigned long long seed;
+};
+enum Status : int {
+  ST_ERROR, ST_ERROR_SM, ST_ERROR_TASK, ST_ERROR_COUNTER, ST_STOP, ST_STEPS, ST_NUCLEUS_CUT, STATUS_WORDS
+};
 enum ErrorCode : int { ERR_NONE = 0, ERR_WATCHDOG = 1, ERR_BAD_TOKEN = 2, ERR_CONTEXT = 3, ERR_RING = 4 };
 
 // ---- PTX wrappers ---------------------------------------------------------------------------
@@ -108,6 +119,14 @@ __device__ bool ring_wait(const Params& p, uint64_t* bar, uint32_t parity, volat
   return true;
 }
 
+// An opaque copy of x: the compiler cannot hoist what is computed from it out of the loop it is
+// in. The kernel is at its register limit inside attention; a value hoisted out of the step loop
+// stays live through attention and spills.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
+}
+
 // Named barrier 1 spans the compute warps only, so the loader never takes part.
 __device__ __forceinline__ void compute_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(COMPUTE_WARPS * 32) : "memory");
@@ -132,7 +151,7 @@ struct Shared {
   float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
-  volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users)
+  volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
 };
 
 __device__ __forceinline__ Shared carve(uint8_t* base) {
@@ -231,6 +250,327 @@ __device__ void signal_done(const Params& p, const int* t) {
   if (threadIdx.x == 32) red_release(&p.counters[t[F_SIGNAL]], 1);
 }
 
+// ---- sampling (ir/sampling.py defines what this computes, and why) -------------------------
+// Greedy: the (max logit, row) reduction. Temperature only: the same reduction over Gumbel-max
+// scores logit / T + g, g = -log(-log u) with a counter-based u per (seed, position, row).
+// top-k / top-p: each lm_head task leaves its SAMPLE_SLOTS best logits and its softmax partial
+// sum; the sampler merges them, filters, and draws by Gumbel-max over the kept candidates.
+enum SampleMode : int { SAMPLE_GREEDY, SAMPLE_GUMBEL, SAMPLE_FILTERED };
+struct Sampling {
+  float temp;    // temperature (0: greedy)
+  double top_p;  // a float32 value
+  int top_k;     // 0: off
+  uint64_t seed;
+  __device__ int mode() const {
+    if (temp == 0.f) return SAMPLE_GREEDY;
+    return top_k > 0 || top_p < 1.0 ? SAMPLE_FILTERED : SAMPLE_GUMBEL;
+  }
+};
+// The sampling code runs once per step; loop invariants the compiler would hoist out of the step
+// loop (the float temperature, the seed's hash) would hold registers across every task, and
+// spill where attention needs them all. So the parameters are loaded where they are used
+// (volatile: not hoisted). The mode, which greedy decoding checks too, is read once per launch
+// into shared memory.
+__device__ __forceinline__ Sampling sampling(const Params& p) {
+  const volatile SampleArgs* a = p.sample;
+  return {static_cast<float>(a->temperature), a->top_p, static_cast<int>(a->top_k), a->seed};
+}
+constexpr int FLAG_SAMPLE_MODE = 5;
+__device__ __forceinline__ int sample_mode(const Shared& s) { return s.flags[FLAG_SAMPLE_MODE]; }
+
+// sample_partials: [SAMPLE_TASKS] (m, s) pairs, then every task's SAMPLE_SLOTS candidate logits,
+// then their rows (int32); consecutive candidates are consecutive words, so that the sampler's
+// threads read them at fixed offsets from one base. An unused slot has logit bits 0xffffffff
+// (order key 0, below every float's) and row -1.
+constexpr int NT = COMPUTE_WARPS * 32;  // compute threads
+constexpr int SAMPLE_WANT = SAMPLE_K < VOCAB ? SAMPLE_K : VOCAB;  // candidates the sampler sorts
+constexpr int CANDIDATES = SAMPLE_TASKS * SAMPLE_SLOTS;
+constexpr int CANDIDATE_LOGITS = 2 * SAMPLE_TASKS, CANDIDATE_ROWS = CANDIDATE_LOGITS + CANDIDATES;
+constexpr int CANDIDATES_PER_THREAD = (CANDIDATES + NT - 1) / NT;
+constexpr int NO_CANDIDATE = -1;  // the bits of an unused slot's logit, and its row
+static_assert(SAMPLE_K <= 64, "the draw gives each lane of one warp two candidates");
+
+// s.red while sampling, past the matrix-vector reductions' slots [0, 4 * COMPUTE_WARPS + 2).
+constexpr int SR_TOP = 4 * COMPUTE_WARPS + 4;  // the task's largest logit, broadcast
+constexpr int SR_FILL = SR_TOP + 1;            // int: next free candidate slot
+constexpr int SR_WSUM = SR_TOP + 2;            // [COMPUTE_WARPS] per-warp float sums
+constexpr int SR_COUNT = SR_WSUM + COMPUTE_WARPS;                 // int [2][COMPUTE_WARPS]
+constexpr int SR_LIST = (SR_COUNT + 2 * COMPUTE_WARPS + 1) & ~1;  // float2 [SAMPLE_K], unsorted
+constexpr int SR_SORTED = SR_LIST + 2 * SAMPLE_K;                 // float2 [SAMPLE_K], best first
+constexpr int SR_MASS = SR_SORTED + 2 * SAMPLE_K;                 // double [SAMPLE_K]
+static_assert(SR_MASS + 2 * SAMPLE_K <= MISC_FLOATS, "sampling scratch exceeds s.red");
+
+// SplitMix64's output function: bit-identical to ir/sampling.py's mix64 (integers mod 2^64).
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ uint64_t stream_key(const Sampling& sp, long long pos) {
+  return mix64(mix64(sp.seed) ^ static_cast<uint64_t>(pos));
+}
+// logit / T + g in float32 with IEEE division and addition (no contraction), g from a 52-bit
+// uniform in float64, as ir/sampling.py: gumbel_scores computes it.
+__device__ __forceinline__ float gumbel_score(float logit, float temp, uint64_t key, int row) {
+  const uint64_t h = mix64(key ^ static_cast<uint64_t>(row));
+  const double u = (static_cast<double>(h >> 12) + 0.5) * 0x1p-52;
+  return __fadd_rn(__fdiv_rn(logit, temp), static_cast<float>(-log(-log(u))));
+}
+// The lm_head logit of task row i, bit-identical to what the epilogue stored (and never fused
+// into a later operation).
+__device__ __forceinline__ float lm_logit(const Shared& s, int i, float rstd) { return __fmul_rn(s.acc[i], rstd); }
+
+// float -> uint32 with the same order, and back.
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block-wide sum of one count per compute thread, with one barrier. Warps leave their sums in a
+// bank of slots that alternates between calls, so that a bank is rewritten only after every
+// thread has passed the barrier that follows its last reading.
+struct BlockCount {
+  int* bank;  // int [2][COMPUTE_WARPS] in s.red
+  int round;
+  __device__ int operator()(int n, int ct) {
+    int* b = bank + (round++ & 1) * COMPUTE_WARPS;
+    const int warp_total = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(n)));
+    if ((ct & 31) == 0) b[ct >> 5] = warp_total;
+    compute_sync();
+    int total = 0;
+#pragma unroll
+    for (int w = 0; w < COMPUTE_WARPS; ++w) total += b[w];
+    return total;
+  }
+};
+
+// The `want` largest of the block's (key, row) items: those with key > kth, and those with
+// key == kth and row <= last (the lowest rows among equal keys). Found without sorting, by
+// block-wide counts: kth bit by bit from the top (the largest x with at least `want` keys >= x),
+// then, only if more keys equal kth than fit, `last` bit by bit over the row bits. ir/sampling.py:
+// select_top is the same algorithm. `total`: the block's item count; count_ge(x): this thread's
+// items with key >= x; count_tie(kth, x): its items with key == kth and row < x.
+struct Cut {
+  uint32_t kth;
+  int last;
+};
+__device__ __forceinline__ bool taken(const Cut& c, uint32_t key, int row) {
+  return key > c.kth || (key == c.kth && row <= c.last);
+}
+template <class CountGe, class CountTie>
+__device__ Cut select_top(BlockCount& sum, int total, int want, CountGe count_ge, CountTie count_tie, int ct) {
+  uint32_t kth = 0;
+  int at = total;  // items with key >= kth
+  for (int b = 31; b >= 0; --b) {
+    const uint32_t probe = kth | (1u << b);
+    const int n = sum(count_ge(probe), ct);
+    if (n >= want) {
+      kth = probe;
+      at = n;
+    }
+  }
+  if (at == want) return {kth, 0x7fffffff};
+  const int need = want - (kth == 0xffffffffu ? 0 : sum(count_ge(kth + 1), ct));
+  int last = 0;  // the largest row with fewer than `need` tied rows below it: the need-th row
+  for (int b = SAMPLE_ROW_BITS - 1; b >= 0; --b) {
+    const int probe = last | (1 << b);
+    if (sum(count_tie(kth, probe), ct) < need) last = probe;
+  }
+  return {kth, last};
+}
+
+// Temperature only, lm_head side: this thread's best (score, row) by Gumbel-max score instead
+// of logit; the (max, row) reduction that follows is the greedy one.
+__device__ void gumbel_best(const Sampling& sp, const Shared& s, int row0, int rows, float rstd, long long pos,
+                            int ct, float& best, int& best_row) {
+  const uint64_t key = stream_key(sp, pos);
+  best = -INFINITY;
+  best_row = 0x7fffffff;
+  for (int i = ct; i < rows; i += NT) {  // rows in increasing order: the first maximum wins ties
+    const float v = gumbel_score(lm_logit(s, i, rstd), sp.temp, key, row0 + i);
+    if (v > best) {
+      best = v;
+      best_row = row0 + i;
+    }
+  }
+}
+
+// top-k / top-p, lm_head side (ir/sampling.py: task_record): the task's (m, s) in
+// sample_partials are its largest logit m and s = sum exp((logit - m) / T) over its rows (the
+// sampler merges these into the softmax normalizer over the vocabulary); its candidates are its
+// SAMPLE_SLOTS largest logits with their rows, in no particular order. The largest logit is the
+// greedy pair thread 0 wrote to argmax_partials.
+__device__ void lm_head_candidates(const Params& p, const Sampling& sp, Shared& s, const int* t, float rstd, int ct) {
+  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, task = t[F_CHUNK];
+  float* part = p.act + t[F_AUX3];
+  float* logits = part + CANDIDATE_LOGITS + task * SAMPLE_SLOTS;
+  int* cand_rows = reinterpret_cast<int*>(part + CANDIDATE_ROWS) + task * SAMPLE_SLOTS;
+  int* fill = reinterpret_cast<int*>(s.red + SR_FILL);
+  if (ct == 0) {
+    s.red[SR_TOP] = __ldcg(p.act + t[F_AUX2]);
+    *fill = 0;
+  }
+  compute_sync();
+  const float top = s.red[SR_TOP];
+  float mass = 0.f;
+  for (int i = ct; i < rows; i += NT) mass += expf(__fdiv_rn(__fsub_rn(lm_logit(s, i, rstd), top), sp.temp));
+  mass = warp_sum(mass);
+  if ((ct & 31) == 0) s.red[SR_WSUM + (ct >> 5)] = mass;
+  compute_sync();
+  if (ct == 0) {
+    float total = 0.f;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[SR_WSUM + w];
+    __stcg(part + 2 * task, top);
+    __stcg(part + 2 * task + 1, total);
+  }
+  if (rows <= SAMPLE_SLOTS) {  // every row is a candidate
+    for (int i = ct; i < SAMPLE_SLOTS; i += NT) {
+      __stcg(logits + i, i < rows ? lm_logit(s, i, rstd) : __int_as_float(NO_CANDIDATE));
+      __stcg(cand_rows + i, i < rows ? row0 + i : NO_CANDIDATE);
+    }
+    return;
+  }
+  BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
+  auto count_ge = [&](uint32_t x) {
+    int n = 0;
+    for (int i = ct; i < rows; i += NT) n += order_key(lm_logit(s, i, rstd)) >= x;
+    return n;
+  };
+  auto count_tie = [&](uint32_t kth, int x) {
+    int n = 0;
+    for (int i = ct; i < rows; i += NT) n += order_key(lm_logit(s, i, rstd)) == kth && row0 + i < x;
+    return n;
+  };
+  const Cut cut = select_top(sum, rows, SAMPLE_SLOTS, count_ge, count_tie, ct);
+  for (int i = ct; i < rows; i += NT) {
+    const float y = lm_logit(s, i, rstd);
+    if (!taken(cut, order_key(y), row0 + i)) continue;
+    const int slot = atomicAdd(fill, 1);
+    __stcg(logits + slot, y);
+    __stcg(cand_rows + slot, row0 + i);
+  }
+}
+
+// top-k / top-p, the draw (ir/sampling.py: merge_records, after the sort), by warp 0 over the
+// sorted candidates: keeps the top_k best, then the smallest prefix whose softmax mass reaches
+// top_p (normalized over the top_k kept, or over the vocabulary from the tasks' (m, s) when
+// top_k is off), then draws by Gumbel-max over the kept ones. Masses are float64; lane 0 sums
+// them in order, as the reference does. Returns the token in lane 0; counts a nucleus cut to
+// the candidates in the status words.
+__device__ int draw_sorted(const Params& p, const Sampling& sp, const float2* sorted, double* mass, const float* part,
+                           long long pos, int lane) {
+  const int k = sp.top_k > 0 ? min(sp.top_k, SAMPLE_WANT) : SAMPLE_WANT;
+  int n = k;
+  if (sp.top_p < 1.0) {
+    const double t64 = sp.temp, top = sorted[0].x;
+    double z = 0.0;
+    for (int j = lane; j < k; j += 32) {
+      mass[j] = exp((static_cast<double>(sorted[j].x) - top) / t64);
+      z += mass[j];
+    }
+    if (sp.top_k == 0) {  // the normalizer over the vocabulary
+      z = 0.0;
+      for (int i = lane; i < SAMPLE_TASKS; i += 32)
+        z += static_cast<double>(__ldcg(part + 2 * i + 1)) * exp((static_cast<double>(__ldcg(part + 2 * i)) - top) / t64);
+    }
+    z = warp_sum_d(z);
+    __syncwarp();
+    if (lane == 0) {  // keep a candidate while the ones before it hold less than top_p
+      const double limit = sp.top_p * z;
+      double before = 0.0;
+      for (n = 0; n < k && (n == 0 || before < limit); ++n) before += mass[n];
+      if (sp.top_k == 0 && n == SAMPLE_WANT && SAMPLE_WANT < VOCAB && before < limit)
+        atomicAdd(&p.status[ST_NUCLEUS_CUT], 1);
+    }
+    n = __shfl_sync(0xffffffffu, n, 0);
+  }
+  const uint64_t key = stream_key(sp, pos);
+  float best = -INFINITY;
+  int best_row = 0x7fffffff;
+  for (int j = lane; j < n; j += 32) {
+    const int r = __float_as_int(sorted[j].y);
+    const float v = gumbel_score(sorted[j].x, sp.temp, key, r);
+    if (v > best || (v == best && r < best_row)) {
+      best = v;
+      best_row = r;
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int r = __shfl_xor_sync(0xffffffffu, best_row, o);
+    if (v > best || (v == best && r < best_row)) {
+      best = v;
+      best_row = r;
+    }
+  }
+  return best_row;
+}
+
+// top-k / top-p, sampler side (ir/sampling.py: merge_records): the SAMPLE_WANT best of every
+// task's candidates (the global best are among each task's best), found by select_top with the
+// candidates' order keys in registers (rows are read where needed: ties and the chosen), sorted
+// by rank in shared memory, then drawn by warp 0. Returns the token in thread 0.
+__device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, const int* t, long long pos, int ct) {
+  const float* part = p.act + t[F_AUX];
+  const float* logits = part + CANDIDATE_LOGITS + ct;  // this thread's candidates: every NT-th
+  const int* rows = reinterpret_cast<const int*>(part + CANDIDATE_ROWS) + ct;
+  int* fill = reinterpret_cast<int*>(s.red + SR_FILL);
+  if (ct == 0) *fill = 0;  // the first block count's barrier orders this before its use
+  uint32_t key[CANDIDATES_PER_THREAD];  // 0: no candidate
+  int valid = 0;
+#pragma unroll
+  for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) {
+    key[j] = ct + j * NT < CANDIDATES ? order_key(__ldcg(logits + j * NT)) : 0u;
+    valid += key[j] != 0;
+  }
+  BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
+  auto count_ge = [&](uint32_t x) {
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) n += key[j] >= x;
+    return n;
+  };
+  auto count_tie = [&](uint32_t kth, int x) {
+    int n = 0;
+#pragma unroll
+    for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) n += key[j] == kth && __ldcg(rows + j * NT) < x;
+    return n;
+  };
+  const int total = sum(valid, ct);
+  const Cut cut = select_top(sum, total, SAMPLE_WANT, count_ge, count_tie, ct);
+  float2* list = reinterpret_cast<float2*>(s.red + SR_LIST);
+#pragma unroll
+  for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) {
+    if (key[j] < cut.kth) continue;
+    const int r = __ldcg(rows + j * NT);
+    if (taken(cut, key[j], r)) list[atomicAdd(fill, 1)] = make_float2(key_float(key[j]), __int_as_float(r));
+  }
+  compute_sync();
+  float2* sorted = reinterpret_cast<float2*>(s.red + SR_SORTED);
+  if (ct < SAMPLE_WANT) {  // rank = how many candidates come first (logit descending, row ascending)
+    const float2 me = list[ct];
+    int rank = 0;
+    for (int i = 0; i < SAMPLE_WANT; ++i) {
+      const float2 o = list[i];
+      rank += o.x > me.x || (o.x == me.x && __float_as_int(o.y) < __float_as_int(me.y));
+    }
+    sorted[rank] = me;
+  }
+  compute_sync();
+  return ct < 32 ? draw_sorted(p, sp, sorted, reinterpret_cast<double*>(s.red + SR_MASS), part, pos, ct) : 0;
+}
+
 // ---- compute: matrix-vector tasks ----------------------------------------------------------
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
 // weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
@@ -299,6 +639,38 @@ __device__ __forceinline__ int warps_per_row(int rows_in_page) {
   return wpr;
 }
 
+// The task's (max, row) pair for the sampler: this thread's pair reduced over lanes, then over
+// warps (ties: the lower row); thread 0 writes it to argmax_partials.
+__device__ void write_best(const Params& p, Shared& s, const int* t, float best, int best_row, int ct) {
+  const int warp = ct >> 5, lane = ct & 31;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, o);
+    const int i = __shfl_xor_sync(0xffffffffu, best_row, o);
+    if (v > best || (v == best && i < best_row)) {
+      best = v;
+      best_row = i;
+    }
+  }
+  if (lane == 0) {  // after rstd was read: every thread read it before the loop above
+    s.red[2 * COMPUTE_WARPS + 2 + 2 * warp] = best;
+    s.red[2 * COMPUTE_WARPS + 3 + 2 * warp] = __int_as_float(best_row);
+  }
+  compute_sync();
+  if (ct == 0) {
+    for (int w = 1; w < COMPUTE_WARPS; ++w) {
+      const float v = s.red[2 * COMPUTE_WARPS + 2 + 2 * w];
+      const int i = __float_as_int(s.red[2 * COMPUTE_WARPS + 3 + 2 * w]);
+      if (v > best || (v == best && i < best_row)) {
+        best = v;
+        best_row = i;
+      }
+    }
+    __stcg(p.act + t[F_AUX2], best);
+    __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
+  }
+}
+
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
   const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
@@ -345,34 +717,26 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
       best_row = row0 + i;
     }
   }
-  if (epi != EPI_ARGMAX) return;
-  // This task's (max, row) for the argmax op: reduce over lanes, then over warps.
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, o);
-    const int i = __shfl_xor_sync(0xffffffffu, best_row, o);
-    if (v > best || (v == best && i < best_row)) {
-      best = v;
-      best_row = i;
-    }
+  if (epi == EPI_ARGMAX) write_best(p, s, t, best, best_row, ct);  // of the logits
+}
+
+// lm_head, after its greedy (max logit, row) pair was written: temperature-only sampling
+// replaces the pair with the best Gumbel-max score's; top-k / top-p add the task's record of
+// candidates. The logits are still in s.acc (row sums) and s.red (1/rms) until the next task.
+__device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+  const int mode = sample_mode(s);
+  if (mode == SAMPLE_GREEDY) return;
+  const Sampling sp = sampling(p);
+  const float rstd = s.red[COMPUTE_WARPS];
+  compute_sync();  // thread 0 has merged the warps' pairs: their slots may be rewritten
+  if (mode == SAMPLE_FILTERED) {
+    lm_head_candidates(p, sp, s, t, rstd, ct);
+    return;
   }
-  if (lane == 0) {  // after rstd was read: every thread read it before the loop above
-    s.red[2 * COMPUTE_WARPS + 2 + 2 * warp] = best;
-    s.red[2 * COMPUTE_WARPS + 3 + 2 * warp] = __int_as_float(best_row);
-  }
-  compute_sync();
-  if (ct == 0) {
-    for (int w = 1; w < COMPUTE_WARPS; ++w) {
-      const float v = s.red[2 * COMPUTE_WARPS + 2 + 2 * w];
-      const int i = __float_as_int(s.red[2 * COMPUTE_WARPS + 3 + 2 * w]);
-      if (v > best || (v == best && i < best_row)) {
-        best = v;
-        best_row = i;
-      }
-    }
-    __stcg(p.act + t[F_AUX2], best);
-    __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
-  }
+  float best;
+  int best_row;
+  gumbel_best(sp, s, t[F_ROW0], t[F_ROW1] - t[F_ROW0], rstd, pos, ct, best, best_row);
+  write_best(p, s, t, best, best_row, ct);
 }
 
 // ---- compute: attention, one context chunk of one KV group --------------------------------
@@ -556,9 +920,27 @@ __device__ bool run_embed(const Params& p, const int* t, long long step, int ct)
   return true;
 }
 
-// Greedy sampling: reduce the lm_head tasks' (max, row) pairs, publish the token to the device
-// and to the host-mapped ring, and decide whether the run goes on.
-__device__ void run_argmax(const Params& p, const int* t, long long step, int ct) {
+// Publish the step's token to the device and to the host-mapped ring, and decide whether the
+// run goes on.
+__device__ void publish_token(const Params& p, long long step, int tok) {
+  p.tokens[step] = tok;
+  volatile int* ring = p.host_tokens;
+  ring[step] = tok;
+  __threadfence_system();
+  *reinterpret_cast<volatile int*>(p.host_count) = static_cast<int>(step + 1);
+  const bool stop = tok == p.eos_token || *reinterpret_cast<volatile int*>(p.host_stop) != 0 ||
+                    step + 1 == p.n_steps;
+  if (stop) p.status[ST_STOP] = static_cast<int>(step + 1);
+}
+
+// The sampler: greedy and temperature-only reduce the lm_head tasks' (max, row) pairs (of
+// logits or of Gumbel-max scores) in thread 0; top-k / top-p merge the tasks' candidates.
+__device__ void run_argmax(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
+  if (sample_mode(s) == SAMPLE_FILTERED) {
+    const int tok = sample_filtered(p, sampling(p), s, t, pos, ct);
+    if (ct == 0) publish_token(p, step, tok);
+    return;
+  }
   if (ct != 0) return;
   const float* part = p.act + t[F_IN];
   float best = -INFINITY;
@@ -571,32 +953,26 @@ __device__ void run_argmax(const Params& p, const int* t, long long step, int ct
       tok = r;
     }
   }
-  p.tokens[step] = tok;
-  volatile int* ring = p.host_tokens;
-  ring[step] = tok;
-  __threadfence_system();
-  *reinterpret_cast<volatile int*>(p.host_count) = static_cast<int>(step + 1);
-  const bool stop = tok == p.eos_token || *reinterpret_cast<volatile int*>(p.host_stop) != 0 ||
-                    step + 1 == p.n_steps;
-  if (stop) p.status[ST_STOP] = static_cast<int>(step + 1);
+  publish_token(p, step, tok);
 }
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x - 32;
-  const int begin = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1];
   uint32_t consumed = 0;
   bool ok = true;
+  // The stream's bounds and the sampler's counter are read per step, not held in registers
+  // through every task, for the same reason.
   for (long long step = 0; step < p.n_steps && ok; ++step) {
     const long long pos = p.start_pos + step;
     if (step > 0) {  // every CTA learns from the previous token's sampler whether to go on
-      ok = wait_counter(p, static_cast<int>(p.sampler_counter), static_cast<unsigned>(step), -1);
+      ok = wait_counter(p, opaque(static_cast<int>(p.sampler_counter)), static_cast<unsigned>(step), -1);
       if (ct == 0) s.flags[3] = ok && *reinterpret_cast<volatile int*>(&p.status[ST_STOP]) == 0;
       compute_sync();
       ok = s.flags[3];
       if (!ok) break;
     }
-    for (int i = begin; i < end && ok; ++i) {
+    for (int i = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1]; i < end && ok; ++i) {
       const int id = p.stream_tasks[i];
       const int* t = task_row(p, id);
       unsigned long long* stamp =
@@ -606,12 +982,18 @@ __device__ void run_compute(const Params& p, Shared& s) {
       if (stamp) stamp[1] = now_ns();
       if (!ok) break;
       bool signal = true;
+      // The matrix-vector and sampling tasks get the thread index through opaque(): what they
+      // derive from it (warp, lane, shared-memory offsets) is recomputed per task instead of
+      // held in registers through every other task, where attention needs them all.
       switch (t[F_OPCODE]) {
         case OP_EMBED: ok = run_embed(p, t, step, ct); break;
         case OP_NORM_MATVEC:
-        case OP_MATVEC_ADD: run_matvec(p, s, t, consumed, ct); break;
+        case OP_MATVEC_ADD:
+          run_matvec(p, s, t, consumed, opaque(ct));
+          if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, opaque(ct));
+          break;
         case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, ct); break;
-        case OP_ARGMAX: run_argmax(p, t, step, ct); break;
+        case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;
       }
       if (signal) signal_done(p, t);
       if (stamp) stamp[2] = now_ns();
@@ -640,6 +1022,7 @@ extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
     }
     s.flags[0] = 0;
     s.flags[1] = 0;
+    s.flags[FLAG_SAMPLE_MODE] = sampling(p).mode();
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();

@@ -89,7 +89,10 @@ def encode_task(program: Program, t: Task) -> list[int]:
         else:
             row["aux"] = _offset(program, op.inputs[2])
         if a.get("epilogue") == "argmax":
+            if t.opcode != "norm_matvec":  # the sampler re-derives logits as row sum x 1/rms
+                raise ScheduleError(f"op {t.op!r}: the argmax epilogue needs a norm_matvec")
             row["aux2"] = _offset(program, "argmax_partials") + 2 * t.index
+            row.update(aux3=_offset(program, "sample_partials"), chunk=t.index)
     elif t.opcode == "attention":
         norms = op.inputs[1:3] if a["qk_norm"] else ()
         kc, vc = op.inputs[-2:]
@@ -110,7 +113,8 @@ def encode_task(program: Program, t: Task) -> list[int]:
         row["out"] = _offset(program, op.outputs[0])
     elif t.opcode == "argmax":
         lm = next(o for o in program.graph.ops() if o.attrs.get("epilogue") == "argmax")
-        row.update(**{"in": _offset(program, "argmax_partials")}, count=lm.attrs["tile"]["tasks"])
+        row.update(**{"in": _offset(program, "argmax_partials")}, count=lm.attrs["tile"]["tasks"],
+                   aux=_offset(program, "sample_partials"))
     return [row[f] for f in FIELDS]
 
 
