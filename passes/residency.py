@@ -14,7 +14,9 @@ Decides:
   row sums (the warps that share a row meet there);
 - attention chunks leave their partial softmax results in one global scratch buffer that the
   merging task reads (MLA chunks in their own, `mla_partials`);
-- expert and token ids (MoE routing, DSA top-k) are int32 buffers in the same arena.
+- expert and token ids (MoE routing, DSA top-k) are int32 buffers in the same arena;
+- lm_head tasks leave their results for the sampler in `argmax_partials` and, for top-k /
+  top-p, `sample_partials` (ir/sampling.py).
 """
 
 from __future__ import annotations
