@@ -5,7 +5,7 @@ that the token loop never returns to the host. This module defines what it compu
 numpy, so that the kernel can be checked against it given the kernel's own logits.
 
 **Randomness** is counter-based: the uniform for vocabulary row `r` at decode position `pos`
-under `seed` is a pure function of the three, `u = (h >> 12 + 0.5) * 2^-52` with
+under `seed` is a pure function of the three, `u = ((h >> 12) + 0.5) * 2^-52` with
 `h = mix64(mix64(mix64(seed) ^ pos) ^ r)`, where `mix64` is SplitMix64's output function
 (Steele, Lea & Flood 2014; add the golden gamma, then Stafford's variant-13 finalizer). No
 state is carried between steps or tokens, so a step's draws do not depend on which SM computes
@@ -337,13 +337,23 @@ def merge_records(records: list[TaskRecord], params: SamplingParams, position: i
 
 def tiled_sample(logits: np.ndarray | torch.Tensor, params: SamplingParams, position: int,
                  tasks: int) -> Sample:
-    """The kernel's filtered sampling over `tasks` lm_head tasks of consecutive rows (as
-    tiling cuts them), from per-task records to the token."""
+    """The kernel's sampling over `tasks` lm_head tasks of consecutive rows (as tiling cuts
+    them): greedy and temperature-only reduce each task's best (value, row) pair; top-k /
+    top-p go from per-task records through the sampler's merge to the token."""
     x = _as_f32(logits)
     if not 0 < tasks <= x.size:
         raise ValueError(f"{tasks} tasks cannot split {x.size} rows (tiling makes at most one "
                          "task per row)")
     bounds = [x.size * i // tasks for i in range(tasks + 1)]
+    if not params.filtered:
+        rows = np.arange(x.size)
+        values = x if params.greedy else gumbel_scores(x, params.temperature32, params.seed,
+                                                       position, rows)
+        pairs = [_best(values[b0:b1], rows[b0:b1]) for b0, b1 in
+                 zip(bounds[:-1], bounds[1:], strict=True)]
+        best = max(values[row] for row, _ in pairs)
+        token = min(row for row, _ in pairs if values[row] == best)
+        return Sample(token, _best(values, rows)[1], 1 if params.greedy else x.size)
     slots = candidate_slots(x.size, tasks)
     records = [task_record(x, bounds[i], bounds[i + 1], slots, params.temperature32, x.size)
                for i in range(tasks)]

@@ -252,7 +252,8 @@ def test_order_key_orders_floats() -> None:
     assert (np.diff(k.astype(np.int64)) >= 0).all() and (np.diff(k[5:].astype(np.int64)) > 0).all()
 
 
-PARAMS = [SamplingParams(temperature=0.8, top_k=40, seed=1),
+PARAMS = [SamplingParams(), SamplingParams(temperature=0.9, seed=7),
+          SamplingParams(temperature=0.8, top_k=40, seed=1),
           SamplingParams(temperature=1.0, top_p=0.9, seed=2),
           SamplingParams(temperature=0.5, top_k=64, top_p=0.7, seed=3),
           SamplingParams(temperature=1.7, top_k=1, seed=4),
