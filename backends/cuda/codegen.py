@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
@@ -91,8 +92,10 @@ def find_nvcc() -> str:
     raise FileNotFoundError("nvcc not found: install the CUDA toolkit (13.0) or put nvcc on PATH")
 
 
-def compile_cubin(source: Path, cubin: Path, arch: str) -> dict[str, int]:
-    """nvcc `source` into `cubin` for `arch`; returns ptxas's resource report."""
+def compile_cubin(source: Path, cubin: Path, arch: str,
+                  extra_flags: Sequence[str] = ()) -> dict[str, int]:
+    """nvcc `source` into `cubin` for `arch`; returns ptxas's resource report. `extra_flags`
+    (e.g. the TileLang backend's include paths) go before the output and input."""
     virt = arch.replace("sm_", "compute_")
     cmd = [
         find_nvcc(),
@@ -102,6 +105,7 @@ def compile_cubin(source: Path, cubin: Path, arch: str) -> dict[str, int]:
         "-std=c++17",
         "-Xptxas",
         "-v",
+        *extra_flags,
         "-o",
         str(cubin),
         str(source),
