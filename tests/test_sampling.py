@@ -9,6 +9,7 @@ sizes that matter (a few percent on a token) fails.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -361,140 +362,135 @@ def test_engine_refuses_bad_sampling_arguments_before_any_work() -> None:
         engine.step(1, temperature=1.0, seed=-5)
 
 
-# -- the kernel's own source, compiled for the host ------------------------------------------
+# -- the kernel's own source, run on the host ----------------------------------------------------
 
-HOST_PRELUDE = r"""
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <vector>
-#define __device__
-#define __forceinline__ inline
-static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
-static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline float __fdiv_rn(float a, float b) { volatile float q = a / b; return q; }
-static inline float __fadd_rn(float a, float b) { volatile float s = a + b; return s; }
-struct Sampling { uint64_t seed; };
-struct BlockCount { int operator()(int n, int) { return n; } };  // one thread holds every item
-static int SAMPLE_ROW_BITS;
-"""
-
-HOST_MAIN = r"""
-int main() {
-  char op[16];
-  while (std::scanf("%15s", op) == 1) {
-    if (!std::strcmp(op, "mix")) {
-      unsigned long long x;
-      std::scanf("%llu", &x);
-      std::printf("%llu\n", (unsigned long long)mix64(x));
-    } else if (!std::strcmp(op, "score")) {  // seed pos temp_bits logit_bits row
-      unsigned long long seed; long long pos; uint32_t tb, lb; int row;
-      std::scanf("%llu %lld %u %u %d", &seed, &pos, &tb, &lb, &row);
-      const uint64_t key = stream_key({seed}, pos);
-      const float v = gumbel_score(__uint_as_float(lb), __uint_as_float(tb), key, row);
-      std::printf("%u\n", __float_as_uint(v));
-    } else if (!std::strcmp(op, "key")) {
-      uint32_t b; std::scanf("%u", &b);
-      const uint32_t k = order_key(__uint_as_float(b));
-      std::printf("%u %u\n", k, __float_as_uint(key_float(k)));
-    } else if (!std::strcmp(op, "select")) {  // want bits n (key row)*n -> taken mask
-      int want, n; std::scanf("%d %d %d", &want, &SAMPLE_ROW_BITS, &n);
-      std::vector<uint32_t> key(n); std::vector<int> row(n);
-      for (int i = 0; i < n; ++i) std::scanf("%u %d", &key[i], &row[i]);
-      auto count_ge = [&](uint32_t x) {
-        int c = 0;
-        for (int i = 0; i < n; ++i) c += key[i] >= x;
-        return c;
-      };
-      auto count_tie = [&](uint32_t kth, int x) {
-        int c = 0;
-        for (int i = 0; i < n; ++i) c += key[i] == kth && row[i] < x;
-        return c;
-      };
-      BlockCount sum;
-      const Cut cut = select_top(sum, n, want, count_ge, count_tie, 0);
-      for (int i = 0; i < n; ++i) std::printf("%d", taken(cut, key[i], row[i]) ? 1 : 0);
-      std::printf("\n");
-    }
-  }
-}
-"""
+HARNESS = Path(__file__).with_name("host_kernel.cpp")
+# (vocab, lm_head tasks, compute warps): every row a candidate; few slots; the selection with
+# one row per thread; several rows per thread and many candidates per sampler thread
+HOST_CONFIGS = [(256, 132, 2), (1000, 100, 1), (3000, 40, 2), (20_000, 16, 4)]
 
 
-def kernel_functions(names: list[str]) -> str:
-    """The definitions in decode.cuh that begin with each of `names`, up to their closing brace
-    at the start of a line."""
+def kernel_source() -> str:
+    """What tests/host_kernel.cpp runs of decode.cuh: the task table and parameters, the
+    shared-memory struct, warp_sum, the sampling section and the sampler's entry points."""
     from tilertc.backends.cuda.codegen import LIBRARY
 
     src = LIBRARY.read_text()
-    out = []
-    for name in names:
-        start = src.index(name)
-        end = src.index("\n}", start) + 2
-        out.append(src[start:end] + (";" if name.startswith("struct") else ""))
-    return "\n".join(out)
+
+    def between(start: str, end: str) -> str:
+        return src[src.index(start):src.index(end)]
+
+    def definition(start: str) -> str:
+        at = src.index(start)
+        return src[at:src.index("\n}", at) + 2] + (";\n" if start.startswith("struct") else "\n")
+
+    enums = src.index("enum Opcode")
+    return "\n".join([
+        src[enums:src.index("\n", src.index("enum ErrorCode"))],
+        definition("__device__ __forceinline__ float warp_sum"),
+        definition("struct Shared {"),
+        between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
+        definition("__device__ void write_best"),
+        definition("__device__ void sample_lm_head"),
+        definition("__device__ void publish_token"),
+        definition("__device__ void run_argmax"),
+    ])
 
 
-@pytest.fixture(scope="module")
-def host_sampler(tmp_path_factory) -> object:
+def build_host_kernel(out: Path, vocab: int, tasks: int, warps: int) -> Path:
     import shutil
     import subprocess
 
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         pytest.skip("no host C++ compiler")
-    inline = "__device__ __forceinline__ "
-    body = kernel_functions([inline + "uint64_t mix64", inline + "uint64_t stream_key",
-                             inline + "float gumbel_score", inline + "uint32_t order_key",
-                             inline + "float key_float", "struct Cut {", inline + "bool taken",
-                             "template <class CountGe, class CountTie>"])
-    d = tmp_path_factory.mktemp("host_sampler")
-    (d / "sampler.cpp").write_text(HOST_PRELUDE + body + HOST_MAIN)
-    subprocess.run([cxx, "-O2", "-std=c++17", "-o", str(d / "sampler"), str(d / "sampler.cpp")],
-                   check=True, capture_output=True)
-
-    def run(lines: list[str]) -> list[str]:
-        proc = subprocess.run([str(d / "sampler")], input="\n".join(lines) + "\n",
-                              capture_output=True, text=True, check=True)
-        return proc.stdout.split("\n")[:-1]
-
-    return run
+    (out / "kernel_extract.inc").write_text(kernel_source())
+    consts = {"COMPUTE_WARPS": warps, "MISC_FLOATS": 1024, "VOCAB": vocab, "SAMPLE_K": K_MAX,
+              "SAMPLE_TASKS": tasks, "SAMPLE_SLOTS": candidate_slots(vocab, tasks),
+              "SAMPLE_ROW_BITS": row_bits(vocab)}
+    exe = out / "host_kernel"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{out}", *[f"-D{k}={v}" for k, v in
+                                                           consts.items()],
+                    "-o", str(exe), str(HARNESS)], check=True, capture_output=True)
+    return exe
 
 
-def test_kernel_rng_and_scores_are_the_models(host_sampler) -> None:
+def run_host_kernel(exe: Path, lines: list[str]) -> list[str]:
+    import subprocess
+
+    proc = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True,
+                          text=True, check=True)
+    return proc.stdout.split("\n")[:-1]
+
+
+def bits(x: np.ndarray) -> str:
+    return " ".join(str(int(b)) for b in np.asarray(x, dtype=np.float32).view(np.uint32))
+
+
+@pytest.fixture(scope="module")
+def host_kernel(tmp_path_factory) -> Path:
+    return build_host_kernel(tmp_path_factory.mktemp("host_kernel"), 3000, 40, 2)
+
+
+def test_kernel_rng_and_scores_are_the_models(host_kernel: Path) -> None:
     xs = np.random.default_rng(7).integers(0, 2**64, 200, dtype=np.uint64, endpoint=False)
-    assert host_sampler([f"mix {int(x)}" for x in xs]) == [str(int(v)) for v in mix64(xs)]
-    rng = np.random.default_rng(8)
-    logits = rng.normal(0, 4, 300).astype(np.float32)
+    assert run_host_kernel(host_kernel, [f"mix {int(x)}" for x in xs]) == [
+        str(int(v)) for v in mix64(xs)]
+    logits = np.random.default_rng(8).normal(0, 4, 300).astype(np.float32)
     rows = np.arange(300)
     seed, pos, temp = 2**63 + 11, 4097, np.float32(0.7)
     want = gumbel_scores(logits, temp, seed, pos, rows).view(np.uint32)
-    got = host_sampler([f"score {seed} {pos} {int(np.float32(temp).view(np.uint32))} "
-                        f"{int(v.view(np.uint32))} {r}" for v, r in zip(logits, rows, strict=True)])
+    got = run_host_kernel(host_kernel, [f"score {seed} {pos} {bits([temp])} {bits([v])} {r}"
+                                        for v, r in zip(logits, rows, strict=True)])
     assert [int(g) for g in got] == want.tolist()
 
 
-def test_kernel_order_key_is_the_models(host_sampler) -> None:
+def test_kernel_order_key_is_the_models(host_kernel: Path) -> None:
     x = np.concatenate([np.random.default_rng(9).normal(0, 100, 200),
                         [0.0, -0.0, np.inf, -np.inf]]).astype(np.float32)
-    got = [line.split() for line in host_sampler([f"key {int(b)}" for b in x.view(np.uint32)])]
+    got = [line.split() for line in run_host_kernel(host_kernel,
+                                                    [f"key {b}" for b in bits(x).split()])]
     assert [int(k) for k, _ in got] == order_key(x).tolist()
     assert [int(b) for _, b in got] == x.view(np.uint32).tolist()  # key_float inverts it
 
 
-def test_kernel_select_top_is_the_models(host_sampler) -> None:
+def test_kernel_select_top_is_the_models(host_kernel: Path) -> None:
     rng = np.random.default_rng(10)
     lines, expected = [], []
-    for trial in range(200):
+    for trial in range(60):
         n = int(rng.integers(1, 300))
         distinct = int(rng.integers(1, 5)) if trial % 2 else n
         x = rng.choice(rng.normal(0, 3, distinct).astype(np.float32), n)
-        rows = rng.permutation(5000)[:n]
+        rows = rng.permutation(3000)[:n]
         want = int(rng.integers(1, n + 1))
         keys = order_key(x)
-        lines.append(f"select {want} {row_bits(5000)} {n} " +
+        lines.append(f"select {want} {n} " +
                      " ".join(f"{int(k)} {int(r)}" for k, r in zip(keys, rows, strict=True)))
-        expected.append("".join("1" if m else "0" for m in select_top(keys, rows, want,
-                                                                      row_bits(5000))))
-    assert host_sampler(lines) == expected
+        mask = select_top(keys, rows, want, row_bits(3000))
+        expected.append("".join("1" if m else "0" for m in mask))
+    assert run_host_kernel(host_kernel, lines) == expected
+
+
+@pytest.mark.parametrize(("vocab", "tasks", "warps"), HOST_CONFIGS)
+def test_kernel_sampler_draws_the_reference_token(tmp_path: Path, vocab: int, tasks: int,
+                                                   warps: int) -> None:
+    exe = build_host_kernel(tmp_path, vocab, tasks, warps)
+    rng = np.random.default_rng(vocab)
+    cases = []
+    for trial in range(3):
+        x = rng.normal(0, (0.3, 2.0, 6.0)[trial], vocab).astype(np.float32)
+        if trial == 2:
+            x = rng.choice(x[:50], vocab)  # ties at every boundary
+        for params in PARAMS:
+            cases.append((x, params, 100 + trial))
+    lines = [f"sample {vocab} {tasks} {bits([p.temperature32])} {p.top_k} {bits([p.top_p32])} "
+             f"{p.seed} {pos} {bits(x)}" for x, p, pos in cases]
+    checked = 0
+    for (x, params, pos), line in zip(cases, run_host_kernel(exe, lines), strict=True):
+        token, published, cut = (int(v) for v in line.split())
+        want = sample(x, params, pos)
+        assert published == 1
+        if want.margin > 1e-5:
+            checked += 1
+            assert (token, cut) == (want.token, int(want.cut)), (params, pos)
+    assert checked > 0.8 * len(cases)

@@ -558,8 +558,8 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
   }
   compute_sync();
   float2* sorted = reinterpret_cast<float2*>(s.red + SR_SORTED);
-  if (ct < SAMPLE_WANT) {  // rank = how many candidates come first (logit descending, row ascending)
-    const float2 me = list[ct];
+  for (int j = ct; j < SAMPLE_WANT; j += NT) {  // rank: the candidates that come first
+    const float2 me = list[j];                   // (logit descending, row ascending)
     int rank = 0;
     for (int i = 0; i < SAMPLE_WANT; ++i) {
       const float2 o = list[i];

@@ -1,0 +1,264 @@
+// The sampling code of backends/cuda/decode.cuh, run on the host (tests/test_sampling.py).
+//
+// The test extracts the kernel's own definitions (task table, parameters, shared-memory
+// struct, the sampling section, write_best, sample_lm_head, publish_token, run_argmax) into
+// kernel_extract.inc and compiles this file with the model constants as -D flags. A CTA's
+// compute threads are fibers: compute_sync is a barrier over all of them, a warp's shuffles and
+// reductions go through a per-warp buffer between two barriers, shared memory is host memory.
+// Commands on stdin, one per line:
+//   mix X                            -> mix64(X)
+//   score SEED POS TEMP_BITS LOGIT_BITS ROW -> bits of gumbel_score
+//   key BITS                         -> order_key, and key_float of it (bits)
+//   select WANT N (KEY ROW)*N        -> select_top over N items spread over the compute threads
+//   sample V TASKS TEMP_BITS TOP_K TOP_P_BITS SEED POS (LOGIT_BITS)*V
+//                                    -> the token and the nucleus-cut count of one step's lm_head
+//                                       tasks and sampler
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <ucontext.h>
+#include <vector>
+
+#define __device__
+#define __forceinline__ inline
+using std::min;
+typedef uint16_t __nv_bfloat16;
+struct float2 {
+  float x, y;
+};
+static inline float2 make_float2(float x, float y) { return {x, y}; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+template <class T> static inline T __ldcg(const T* p) { return *p; }
+template <class T> static inline void __stcg(T* p, T v) { *p = v; }
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence_system() {}
+
+// ---- the CTA: compute threads as fibers on one host thread ---------------------------------
+// Each compute thread is a ucontext fiber; a barrier wait yields to the next fiber until every
+// participant has arrived. One host thread runs them all, so memory is trivially coherent and
+// the runs are deterministic.
+constexpr int THREADS = COMPUTE_WARPS * 32;
+struct Fiber {
+  ucontext_t ctx;
+  std::vector<char> stack;
+  bool done;
+};
+static std::vector<Fiber> fibers(THREADS);
+static ucontext_t scheduler;
+static int tl_ct;  // the running fiber's compute index
+static const std::function<void(int)>* body;
+
+static void yield() { swapcontext(&fibers[tl_ct].ctx, &scheduler); }
+struct Barrier {
+  int expected, arrived;
+  unsigned phase;
+  void arrive_and_wait() {
+    const unsigned mine = phase;
+    if (++arrived == expected) {
+      arrived = 0;
+      ++phase;
+      return;
+    }
+    while (phase == mine) yield();
+  }
+};
+static Barrier block_bar;
+struct Warp {
+  Barrier bar;
+  unsigned char buf[32][8];
+};
+static Warp warps[COMPUTE_WARPS];
+
+static inline void compute_sync() { block_bar.arrive_and_wait(); }
+static inline void __syncwarp() { warps[tl_ct >> 5].bar.arrive_and_wait(); }
+template <class T> static T lane_value(T v, int src) {  // every lane of the warp calls this
+  Warp& w = warps[tl_ct >> 5];
+  std::memcpy(w.buf[tl_ct & 31], &v, sizeof(T));
+  w.bar.arrive_and_wait();
+  T out;
+  std::memcpy(&out, w.buf[src & 31], sizeof(T));
+  w.bar.arrive_and_wait();
+  return out;
+}
+template <class T> static T __shfl_xor_sync(unsigned, T v, int o) { return lane_value(v, (tl_ct & 31) ^ o); }
+template <class T> static T __shfl_sync(unsigned, T v, int src) { return lane_value(v, src); }
+static unsigned __reduce_add_sync(unsigned, unsigned v) {
+  Warp& w = warps[tl_ct >> 5];
+  std::memcpy(w.buf[tl_ct & 31], &v, sizeof v);
+  w.bar.arrive_and_wait();
+  unsigned total = 0;
+  for (int l = 0; l < 32; ++l) {
+    unsigned u;
+    std::memcpy(&u, w.buf[l], sizeof u);
+    total += u;
+  }
+  w.bar.arrive_and_wait();
+  return total;
+}
+
+static void fiber_main() {
+  (*body)(tl_ct);
+  fibers[tl_ct].done = true;
+}
+// Runs f(ct) on every compute thread until all have returned.
+static void run_block(const std::function<void(int)>& f) {
+  body = &f;
+  block_bar = {THREADS, 0, 0};
+  for (auto& w : warps) w.bar = {32, 0, 0};
+  for (int ct = 0; ct < THREADS; ++ct) {
+    Fiber& fb = fibers[ct];
+    fb.stack.resize(1 << 16);
+    fb.done = false;
+    getcontext(&fb.ctx);
+    fb.ctx.uc_stack.ss_sp = fb.stack.data();
+    fb.ctx.uc_stack.ss_size = fb.stack.size();
+    fb.ctx.uc_link = &scheduler;
+    makecontext(&fb.ctx, fiber_main, 0);
+  }
+  for (bool running = true; running;) {
+    running = false;
+    for (int ct = 0; ct < THREADS; ++ct) {
+      if (fibers[ct].done) continue;
+      running = true;
+      tl_ct = ct;
+      swapcontext(&scheduler, &fibers[ct].ctx);
+    }
+  }
+}
+
+#include "kernel_extract.inc"
+
+// ---- commands -----------------------------------------------------------------------------
+static void select_command() {
+  int want, n;
+  std::scanf("%d %d", &want, &n);
+  std::vector<uint32_t> key(n);
+  std::vector<int> row(n);
+  for (int i = 0; i < n; ++i) std::scanf("%u %d", &key[i], &row[i]);
+  std::vector<int> red(4 * COMPUTE_WARPS);
+  std::vector<char> out(n);
+  run_block([&](int ct) {  // item i belongs to thread i % THREADS
+    BlockCount sum{red.data(), 0};
+    auto count_ge = [&](uint32_t x) {
+      int c = 0;
+      for (int i = ct; i < n; i += THREADS) c += key[i] >= x;
+      return c;
+    };
+    auto count_tie = [&](uint32_t kth, int x) {
+      int c = 0;
+      for (int i = ct; i < n; i += THREADS) c += key[i] == kth && row[i] < x;
+      return c;
+    };
+    const Cut cut = select_top(sum, n, want, count_ge, count_tie, ct);
+    for (int i = ct; i < n; i += THREADS) out[i] = taken(cut, key[i], row[i]) ? '1' : '0';
+  });
+  std::printf("%s\n", std::string(out.begin(), out.end()).c_str());
+}
+
+static void sample_command() {
+  int vocab, tasks;
+  unsigned temp_bits, top_p_bits;
+  long long top_k, pos;
+  unsigned long long seed;
+  std::scanf("%d %d %u %lld %u %llu %lld", &vocab, &tasks, &temp_bits, &top_k, &top_p_bits, &seed, &pos);
+  std::vector<float> logits(vocab);
+  for (auto& x : logits) {
+    unsigned b;
+    std::scanf("%u", &b);
+    x = __uint_as_float(b);
+  }
+  SampleArgs args{__uint_as_float(temp_bits), __uint_as_float(top_p_bits), top_k, seed};
+  std::vector<float> act(2 * tasks + tasks * (2 + 2 * SAMPLE_SLOTS), NAN);  // argmax_partials | sample_partials
+  int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
+  Params p{};
+  p.act = act.data();
+  p.sample = &args;
+  p.status = status;
+  p.tokens = tokens;
+  p.host_tokens = host_tokens;
+  p.host_count = &host_count;
+  p.host_stop = &host_stop;
+  p.n_steps = 1;
+  p.eos_token = -1;
+  std::vector<float> red(MISC_FLOATS, NAN), acc(vocab / tasks + 1, NAN);
+  int flags[8] = {};
+  Shared s{};
+  s.red = red.data();
+  s.acc = acc.data();
+  s.flags = flags;
+  flags[FLAG_SAMPLE_MODE] = sampling(p).mode();  // as thread 0 does when the kernel starts
+  for (int task = 0; task < tasks; ++task) {  // each lm_head task's epilogue, in turn
+    const int row0 = static_cast<int>(1LL * vocab * task / tasks);
+    const int row1 = static_cast<int>(1LL * vocab * (task + 1) / tasks);
+    int t[TASK_FIELDS] = {};
+    t[F_OPCODE] = OP_NORM_MATVEC;
+    t[F_EPILOGUE] = EPI_ARGMAX;
+    t[F_ROW0] = row0;
+    t[F_ROW1] = row1;
+    t[F_AUX2] = 2 * task;
+    t[F_AUX3] = 2 * tasks;
+    t[F_CHUNK] = task;
+    for (int i = 0; i < row1 - row0; ++i) acc[i] = logits[row0 + i];
+    red[COMPUTE_WARPS] = 1.f;  // 1 / rms: the logits are the row sums
+    run_block([&](int ct) {
+      float best = -INFINITY;  // run_matvec's epilogue: the first largest of this thread's rows
+      int best_row = 0x7fffffff;
+      for (int i = ct; i < row1 - row0; i += THREADS)
+        if (acc[i] > best) {
+          best = acc[i];
+          best_row = row0 + i;
+        }
+      write_best(p, s, t, best, best_row, ct);
+      sample_lm_head(p, s, t, pos, ct);
+    });
+  }
+  int t[TASK_FIELDS] = {};
+  t[F_OPCODE] = OP_ARGMAX;
+  t[F_IN] = 0;
+  t[F_COUNT] = tasks;
+  t[F_AUX] = 2 * tasks;
+  run_block([&](int ct) { run_argmax(p, s, t, 0, pos, ct); });
+  std::printf("%d %d %d\n", tokens[0], host_tokens[0] == tokens[0] && host_count == 1, status[ST_NUCLEUS_CUT]);
+}
+
+int main() {
+  char op[16];
+  while (std::scanf("%15s", op) == 1) {
+    if (!std::strcmp(op, "mix")) {
+      unsigned long long x;
+      std::scanf("%llu", &x);
+      std::printf("%llu\n", static_cast<unsigned long long>(mix64(x)));
+    } else if (!std::strcmp(op, "score")) {
+      unsigned long long seed;
+      long long pos;
+      uint32_t temp_bits, logit_bits;
+      int row;
+      std::scanf("%llu %lld %u %u %d", &seed, &pos, &temp_bits, &logit_bits, &row);
+      Sampling sp{};
+      sp.seed = seed;
+      const float v = gumbel_score(__uint_as_float(logit_bits), __uint_as_float(temp_bits), stream_key(sp, pos), row);
+      std::printf("%u\n", __float_as_uint(v));
+    } else if (!std::strcmp(op, "key")) {
+      uint32_t b;
+      std::scanf("%u", &b);
+      const uint32_t k = order_key(__uint_as_float(b));
+      std::printf("%u %u\n", k, __float_as_uint(key_float(k)));
+    } else if (!std::strcmp(op, "select")) {
+      select_command();
+    } else if (!std::strcmp(op, "sample")) {
+      sample_command();
+    }
+    std::fflush(stdout);
+  }
+}
