@@ -24,7 +24,7 @@ from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
 
-BACKENDS = ("cuda",)
+BACKENDS = ("cuda", "tilelang")
 
 
 @dataclass(frozen=True)
@@ -108,12 +108,26 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
     }
 
 
+def _kernel_source(program: Program, backend: str) -> tuple[str, tuple[str, ...], dict[str, Any]]:
+    """The kernel source, extra nvcc flags, and the backend's manifest record (none for cuda)."""
+    if backend == "tilelang":
+        from tilertc.backends.tilelang.emit import emit
+
+        emitted = emit(program)
+        return emitted.source, emitted.nvcc_flags, emitted.record
+    return codegen.emit_source(program), (), {}
+
+
 def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None = None,
             progress: Callable[[str], None] | None = None) -> Path:
     """Compile `spec` into an artifact directory; returns its path."""
     options = options or CompileOptions()
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown backend {options.backend!r} (available: {', '.join(BACKENDS)})")
+    if options.backend == "tilelang":  # before scheduling: a missing install fails at once
+        from tilertc.backends.tilelang.requirement import load_tilelang
+
+        load_tilelang()
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -122,16 +136,19 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
                                 ("page_kb", options.page_kb),
                                 ("page_groups", options.page_groups)) if v is not None}
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
-    say("emitting CUDA source")
+    say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
     consts = codegen.constants(program)
+    source, nvcc_flags, backend_record = _kernel_source(program, options.backend)
     src = out / "kernel.cu"
-    src.write_text(codegen.emit_source(program))
+    src.write_text(source)
     tasks, offsets, ids = encode.encode(program)
     np.savez(out / "schedule.npz", tasks=tasks, stream_offsets=offsets, stream_tasks=ids)
     say(f"compiling with nvcc for {program.target.arch}")
     cubin = out / "kernel.cubin"
-    ptxas = codegen.compile_cubin(src, cubin, program.target.arch)
+    ptxas = codegen.compile_cubin(src, cubin, program.target.arch, nvcc_flags)
     sha = hashlib.sha256(cubin.read_bytes()).hexdigest()
-    (out / "manifest.json").write_text(json.dumps(manifest(program, options, consts, ptxas, sha),
-                                                  indent=1, default=list))
+    m = manifest(program, options, consts, ptxas, sha)
+    if backend_record:
+        m[options.backend] = backend_record
+    (out / "manifest.json").write_text(json.dumps(m, indent=1, default=list))
     return out

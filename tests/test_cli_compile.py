@@ -73,7 +73,7 @@ def test_compile_with_overrides(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "a100"], "Invalid value for '--target'"),
-    (["--backend", "tilelang"], "Invalid value for '--backend'"),
+    (["--backend", "triton"], "Invalid value for '--backend'"),
     (["--max-seq-len", "100000"], "exceeds the model's max_position_embeddings 2048"),
     (["--set", "hidden_size"], "expected KEY=VALUE"),
 ])

@@ -1,0 +1,47 @@
+"""`--backend tilelang` for the driver: the kernel source, the nvcc flags it needs, and what the
+manifest records about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tilertc.backends.cuda import codegen
+from tilertc.backends.tilelang.compose import compose, device_function
+from tilertc.backends.tilelang.requirement import TILELANG_VERSION, load_tilelang
+from tilertc.backends.tilelang.segments import PIECE_ELEMENTS, segment_lengths
+from tilertc.backends.tilelang.tiles import WARP_THREADS, lower_to_cuda, row_segment_tile
+from tilertc.passes.program import Program
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A kernel source and what building and describing it needs beyond the CUDA backend's."""
+
+    source: str
+    nvcc_flags: tuple[str, ...]
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def emit(program: Program) -> Emitted:
+    """The CUDA backend's kernel with TileLang tiles for every row-segment length the schedule
+    gives a warp (segments.py). TileLang's headers come from its install, hence the flags."""
+    tilelang = load_tilelang()
+    cuda_source = codegen.emit_source(program)  # also refuses what the skeleton cannot run
+    lengths = segment_lengths(program)
+    functions, tiles = [], {}
+    for pieces in lengths:
+        name = f"row_segment_{pieces}"
+        func = row_segment_tile(tilelang, pieces * PIECE_ELEMENTS)
+        source = lower_to_cuda(tilelang, func, program.target.arch)
+        functions.append(device_function(source, name, WARP_THREADS))
+        tiles[pieces] = name
+    record = {
+        "tilelang_version": TILELANG_VERSION,
+        "seam": "dot_segment",
+        "tiles": [{"name": tiles[p], "pieces": p, "threads": WARP_THREADS, "ops": ops}
+                  for p, ops in lengths.items()],
+    }
+    env = tilelang.env
+    flags = (f"-I{env.TILELANG_TEMPLATE_PATH}", f"-I{env.CUTLASS_INCLUDE_DIR}")
+    return Emitted(compose(cuda_source, functions, tiles), flags, record)
