@@ -14,12 +14,15 @@ with `tilertc compile MODEL -o DIR/MODEL --backend tilelang --max-seq-len 512`),
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 import tilertc
@@ -168,6 +171,37 @@ def test_tilelang_lowers_the_row_segment_tile_for_sm90a(pieces: int) -> None:
     source = lower_to_cuda(tilelang, row_segment_tile(tilelang, 8 * pieces), "sm_90a")
     f = device_function(source, f"row_segment_{pieces}", 32)  # one warp, nothing block-wide
     assert "tl_lane" in f.text
+
+
+HOST_TILE = Path(__file__).with_name("tilelang_tile_host.cpp")
+
+
+@needs_tilelang
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ runs the tile on the host")
+@pytest.mark.parametrize("pieces", [1, 18, 36, 128, 192, 256])
+def test_tilelang_tile_computes_the_segment_dot_product(pieces: int, tmp_path: Path) -> None:
+    """The lowered tile, run on the host lane by lane (tilelang_tile_host.cpp), against float64:
+    the check that caught TileLang computing part of a product (see tiles.py)."""
+    from tilertc.backends.tilelang.tiles import lower_to_cuda, row_segment_tile
+
+    tilelang = load_tilelang()
+    n = 8 * pieces
+    f = device_function(lower_to_cuda(tilelang, row_segment_tile(tilelang, n), "sm_90a"),
+                        f"row_segment_{pieces}", 32)
+    (tmp_path / "tile.inc").write_text(
+        f"namespace tilertc_tl {{\n{f.text}}}\n#define TILE tilertc_tl::{f.name}\n")
+    exe = tmp_path / "tile"
+    subprocess.run(["g++", "-std=c++17", "-O1", "-fno-strict-aliasing", f"-I{tmp_path}", "-o",
+                    str(exe), str(HOST_TILE)], check=True, capture_output=True)
+    gen = torch.Generator().manual_seed(pieces)
+    w = torch.randn(n, generator=gen).to(torch.bfloat16)
+    x = torch.randn(n, generator=gen).numpy()
+    stdin = "\n".join([str(n), " ".join(map(str, w.view(torch.int16).numpy().view(np.uint16))),
+                       " ".join(map(str, x.view(np.uint32)))])
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True)
+    got = float(np.uint32(int(out.stdout)).view(np.float32))
+    terms = w.double().numpy() * x.astype(np.float64)
+    assert abs(got - terms.sum()) <= 1e-5 * np.abs(terms).sum()
 
 
 @pytest.fixture(scope="module")
