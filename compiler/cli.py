@@ -128,16 +128,26 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
               help="Tokens to generate at most [default: 128, or what fits the KV cache].")
 @click.option("--eos-id", type=int, default=None,
               help="Stop at this token [default: the tokenizer's EOS, if there is a tokenizer].")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="0: greedy; otherwise sample in the kernel from softmax(logits / T).")
+@click.option("--top-k", type=int, default=0, show_default=True,
+              help="Sample among the K most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True,
+              help="Sample within the nucleus of probability P.")
+@click.option("--sample-seed", type=int, default=0, show_default=True,
+              help="Seed of the sampler (same seed, same tokens).")
 @click.option("--device", default="cuda:0", show_default=True)
 def run_command(artifact: str, weights: str | None, random_weights: bool, seed: int,
                 prompt: str | None, prompt_ids: str | None, max_new_tokens: int | None,
-                eos_id: int | None, device: str) -> None:
+                eos_id: int | None, temperature: float, top_k: int, top_p: float,
+                sample_seed: int, device: str) -> None:
     """Decode with a compiled ARTIFACT on a GPU, streaming tokens as the kernel makes them.
 
     Ctrl-C stops the kernel after the token in flight; a second Ctrl-C aborts.
     """
     from tilertc.artifact import check_capacity, model_spec, read_manifest
     from tilertc.engine import Engine
+    from tilertc.ir.sampling import SamplingParams
     from tilertc.token_stream import (
         TextStream,
         load_tokenizer,
@@ -152,6 +162,7 @@ def run_command(artifact: str, weights: str | None, random_weights: bool, seed: 
     if (prompt is None) == (prompt_ids is None):
         raise click.UsageError("give exactly one of --prompt and --prompt-ids")
     try:
+        SamplingParams(temperature, top_k, top_p, sample_seed)  # bad values fail before loading
         m = read_manifest(artifact)
         folder = tokenizer_dir(weights)
         tokenizer = load_tokenizer(folder) if folder else None
@@ -181,7 +192,9 @@ def run_command(artifact: str, weights: str | None, random_weights: bool, seed: 
 
     with stop_on_interrupt(engine.stop) as interrupted:
         try:
-            stats = timed_stream(engine.generate(ids, max_new_tokens, eos_id), emit)
+            tokens = engine.generate(ids, max_new_tokens, eos_id, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, seed=sample_seed)
+            stats = timed_stream(tokens, emit)
         except RuntimeError as e:  # the kernel's watchdog or a driver error
             raise click.ClickException(str(e)) from None
     click.echo()

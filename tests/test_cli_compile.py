@@ -122,6 +122,9 @@ def test_run_usage_errors(artifact: Path, args: list[str], message: str) -> None
     (["--prompt-ids", ",".join(["1"] * (SEQ + 1))], f"a prompt of {SEQ + 1} tokens at position 0 "
                                                    f"exceeds the KV capacity of {SEQ} positions"),
     (["--prompt-ids", "1,2", "--max-new-tokens", str(SEQ)], "at most 63 new tokens fit"),
+    (["--prompt-ids", "1,2", "--top-k", "100"], "top_k must be an integer from 0 (off) to 64"),
+    (["--prompt-ids", "1,2", "--temperature", "-1"], "temperature must be 0 (greedy)"),
+    (["--prompt-ids", "1,2", "--temperature", "1", "--top-p", "0"], "top_p must be a number"),
 ])
 def test_run_prompt_errors(artifact: Path, args: list[str], message: str) -> None:
     result = cli("run", str(artifact), "--random-weights", *args)
