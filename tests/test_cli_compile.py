@@ -151,10 +151,12 @@ class StandInEngine:
         self.tokens, self.interrupt_after = tokens, interrupt_after
         self.stopped = False
         self.calls: list[tuple[list[int], int, int | None]] = []
+        self.sampling: list[dict] = []
 
-    def generate(self, ids: list[int], max_new_tokens: int,
-                 eos_token_id: int | None = None) -> Iterator[int]:
+    def generate(self, ids: list[int], max_new_tokens: int, eos_token_id: int | None = None,
+                 **sampling: float) -> Iterator[int]:
         self.calls.append((list(ids), max_new_tokens, eos_token_id))
+        self.sampling.append(sampling)
         for n, token in enumerate(self.tokens[:max_new_tokens], start=1):
             if self.stopped:
                 return
@@ -189,7 +191,17 @@ def test_run_streams_ids_and_reports_the_rate(artifact: Path, stand_in) -> None:
     assert result.exit_code == 0, result.output
     assert result.stdout == "5 6 7 \n"
     assert engine.calls == [([1, 2, 3], 3, 9)]
+    assert engine.sampling == [{"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}]
     assert loads == [{"weights": None, "device": "cuda:1", "random_seed": 3}]
+
+
+def test_run_passes_the_sampling_flags_to_the_engine(artifact: Path, stand_in) -> None:
+    engine = StandInEngine([5, 6])
+    stand_in(engine)
+    result = cli("run", str(artifact), "--random-weights", "--prompt-ids", "1", "--temperature",
+                 "0.8", "--top-k", "40", "--top-p", "0.9", "--sample-seed", "17")
+    assert result.exit_code == 0, result.output
+    assert engine.sampling == [{"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 17}]
     assert "3 tokens in" in result.stderr and "tokens/s/user" in result.stderr
 
 
