@@ -193,6 +193,7 @@ def test_run_streams_ids_and_reports_the_rate(artifact: Path, stand_in) -> None:
     assert engine.calls == [([1, 2, 3], 3, 9)]
     assert engine.sampling == [{"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}]
     assert loads == [{"weights": None, "device": "cuda:1", "random_seed": 3}]
+    assert "3 tokens in" in result.stderr and "tokens/s/user" in result.stderr
 
 
 def test_run_passes_the_sampling_flags_to_the_engine(artifact: Path, stand_in) -> None:
@@ -202,7 +203,6 @@ def test_run_passes_the_sampling_flags_to_the_engine(artifact: Path, stand_in) -
                  "0.8", "--top-k", "40", "--top-p", "0.9", "--sample-seed", "17")
     assert result.exit_code == 0, result.output
     assert engine.sampling == [{"temperature": 0.8, "top_k": 40, "top_p": 0.9, "seed": 17}]
-    assert "3 tokens in" in result.stderr and "tokens/s/user" in result.stderr
 
 
 def test_ctrl_c_stops_after_the_token_in_flight(artifact: Path, stand_in) -> None:
