@@ -19,6 +19,7 @@ from rich.table import Table
 from tilertc.inspect import human_bytes, human_seconds
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.target import Target
+from tilertc.layer_runs import layer_runs, rename
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import op_times_ns, roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
@@ -163,49 +164,30 @@ def explain(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
 
 # -- folding identical layers -------------------------------------------------------------------
 
-def _rename(name: str, layer: int, layers: str) -> str:
-    """`layers.3.q_proj` -> `layers.{layers}.q_proj`."""
-    prefix = f"layers.{layer}."
-    return f"layers.{layers}.{name[len(prefix):]}" if name.startswith(prefix) else name
-
-
 def _structure(layer: list[OpRow]) -> list[tuple]:
     """What must match for two layers to fold: all but names, offsets, times and SMs."""
-    return [(_rename(r.name, r.layers[0], "*"), r.opcode, r.tile, r.tasks, r.ring_pages,
+    return [(rename(r.name, r.layers[0], "*"), r.opcode, r.tile, r.tasks, r.ring_pages,
              r.roles, r.bytes) for r in layer]
 
 
 def fold_layers(rows: list[OpRow]) -> list[OpRow]:
     """Runs of consecutive layers with the same structure become one row per op, ×count,
     with the mean predicted time."""
-    segments: list[list[OpRow]] = []
-    for r in rows:
-        if r.layers is not None and segments and segments[-1][0].layers == r.layers:
-            segments[-1].append(r)
-        else:
-            segments.append([r])
-    out: list[OpRow] = []
-    i = 0
-    while i < len(segments):
-        j = i + 1
-        while (segments[i][0].layers is not None and j < len(segments) and
-               segments[j][0].layers is not None and
-               _structure(segments[j]) == _structure(segments[i])):
-            j += 1
-        run = segments[i:j]
-        if len(run) == 1:
-            out.extend(run[0])
-        else:
-            first, last = run[0][0].layers[0], run[-1][0].layers[0]
-            span = f"{first}-{last}"
-            for k, r in enumerate(run[0]):
-                mean = sum(seg[k].predicted_ns for seg in run) / len(run)
-                places = {_rename(t, first, span): where.split(" @")[0]
-                          for t, where in r.residency.items()}
-                out.append(OpRow(_rename(r.name, first, span), r.opcode, r.tile, r.tasks,
-                                 max(seg[k].sms for seg in run), r.ring_pages, places, r.roles,
-                                 mean, r.bytes, (first, last), len(run)))
-        i = j
+    return [r for run in layer_runs(rows, _structure) for r in _fold_run(run)]
+
+
+def _fold_run(run: list[list[OpRow]]) -> list[OpRow]:
+    if len(run) == 1:
+        return run[0]
+    first, last = run[0][0].layers[0], run[-1][0].layers[0]
+    span = f"{first}-{last}"
+    out = []
+    for k, r in enumerate(run[0]):
+        mean = sum(seg[k].predicted_ns for seg in run) / len(run)
+        places = {rename(t, first, span): where.split(" @")[0] for t, where in r.residency.items()}
+        out.append(OpRow(rename(r.name, first, span), r.opcode, r.tile, r.tasks,
+                         max(seg[k].sms for seg in run), r.ring_pages, places, r.roles,
+                         mean, r.bytes, (first, last), len(run)))
     return out
 
 

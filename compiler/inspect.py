@@ -23,6 +23,7 @@ from rich.table import Table
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import Graph, Op, Tensor, TensorKind
 from tilertc.ir.target import Target
+from tilertc.layer_runs import layer_runs, rename
 from tilertc.model_specs.spec import ModelSpec
 
 
@@ -139,23 +140,7 @@ def charge_reads(g: Graph, context: int) -> dict[str, dict[TensorKind, int]]:
 
 def fold_layers(rows: list[OpRow]) -> list[OpRow]:
     """Fold runs of consecutive layers whose ops are identical into one row per op, ×count."""
-    segments: list[list[OpRow]] = []  # one per layer, or one per op outside the layers
-    for r in rows:
-        if r.layers is not None and segments and segments[-1][0].layers == r.layers:
-            segments[-1].append(r)
-        else:
-            segments.append([r])
-    out: list[OpRow] = []
-    i = 0
-    while i < len(segments):
-        j = i + 1
-        if segments[i][0].layers is not None:
-            while (j < len(segments) and segments[j][0].layers is not None
-                   and structure(segments[j]) == structure(segments[i])):
-                j += 1
-        out.extend(fold_run(segments[i:j]))
-        i = j
-    return out
+    return [r for run in layer_runs(rows, structure) for r in fold_run(run)]
 
 
 def fold_run(run: list[list[OpRow]]) -> list[OpRow]:
@@ -169,8 +154,7 @@ def fold_run(run: list[list[OpRow]]) -> list[OpRow]:
 
 def layer_pattern(r: OpRow, layers: str) -> str:
     """`layers.3.q_proj` -> `layers.{layers}.q_proj`."""
-    prefix = f"layers.{r.layers[0]}."
-    return f"layers.{layers}.{r.name[len(prefix):]}" if r.name.startswith(prefix) else r.name
+    return rename(r.name, r.layers[0], layers)
 
 
 def structure(layer: list[OpRow]) -> list[tuple]:
