@@ -23,7 +23,6 @@ SEAM = ("__device__ __forceinline__ float dot_segment(const uint4* w, const floa
         "int begin, int end, int lane) {")
 KERNEL = re.compile(
     r'extern "C" __global__ void (?:__launch_bounds__\((\d+)(?:, *\d+)?\) )?(\w+)\(([^)]*)\) \{')
-DECLARATION = re.compile(r'extern "C" __global__ void \w+\([^)]*\);\n')
 NEEDS_MORE_THAN_A_WARP = ("__syncthreads", "__sync_thread_partial", "bar.sync", "barrier.sync",
                           "blockIdx", "__shared__", "buf_dyn_shmem", "CUtensorMap")
 LANE = "tl_lane"
@@ -58,7 +57,7 @@ def device_function(source: str, name: str, threads: int) -> DeviceFunction:
     if used:
         raise CompositionError(f"tile {name} uses {', '.join(used)}: it needs more than its own "
                                "warp and cannot run inside the skeleton's compute warps")
-    prelude = DECLARATION.sub("", source[:source.index('extern "C"')])
+    prelude = source[:source.index('extern "C"')]  # the includes, before the declaration
     head = f"__device__ __forceinline__ void {name}({m.group(3)}, int {LANE}) {{"
     return DeviceFunction(name, prelude.strip() + "\n", head + body.rstrip() + "\n")
 

@@ -3,7 +3,7 @@ manifest records about it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tilertc.backends.cuda import codegen
@@ -20,7 +20,7 @@ class Emitted:
 
     source: str
     nvcc_flags: tuple[str, ...]
-    record: dict[str, Any] = field(default_factory=dict)
+    record: dict[str, Any]
 
 
 def emit(program: Program) -> Emitted:
