@@ -750,7 +750,9 @@ __device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long lo
 // is the one that signals the attention op.
 constexpr int DPL = (HEAD_DIM + 31) / 32;  // head dims per lane; lane l owns [l*DPL, l*DPL+DPL)
 constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: out, max, sum
-constexpr int KEYS_IN_FLIGHT = 4;
+// Keys loaded at once per warp: 8 / DPL keeps their keys and values at 16 registers a lane, so that
+// wide heads (head_dim 128: DPL 4) do not spill; each warp still visits its keys in the same order.
+constexpr int KEYS_IN_FLIGHT = DPL >= 8 ? 1 : 8 / DPL;
 __device__ __forceinline__ bool owns(int lane, int j) { return lane * DPL + j < HEAD_DIM; }
 
 // gamma (qk-norm weight) and cs (this position's [HEAD_DIM/2 cos | HEAD_DIM/2 sin]) are staged
