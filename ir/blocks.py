@@ -8,6 +8,7 @@ blocks (MLA, DSA, MoE) add them in their own modules and are dispatched from her
 from __future__ import annotations
 
 from tilertc.ir.build import ACT, W, rope_attrs
+from tilertc.ir.fp8 import scale_shape
 from tilertc.ir.graph import Graph, TensorKind
 from tilertc.model_specs.spec import ModelSpec
 
@@ -20,15 +21,37 @@ def weight(g: Graph, layer: int, suffix: str, shape: tuple[int, ...], dtype: str
     return g.tensor(f"layers.{layer}.{suffix}", shape, dtype, W, hf)
 
 
+def projection_weight(g: Graph, layer: int, suffix: str, shape: tuple[int, int]) -> list[str]:
+    """The op inputs that carry the projection weight `layers.{layer}.{suffix}` [out, in].
+
+    In a bf16 model that is the weight alone. In an FP8 model (`weight_format` in the graph's
+    attrs) it is the e4m3 weight followed by its fp32 block scales `{suffix}.weight_scale_inv`
+    (Hugging Face key `model.layers.{layer}.{suffix}.weight_scale_inv`), which the weight names
+    in its attrs (`scale_inv`, `block`); the interpreter hands ops the dequantized weight.
+    """
+    fmt = g.attrs["weight_format"]
+    w = weight(g, layer, suffix, shape, fmt["dtype"])
+    if fmt["dtype"] == "bf16":
+        return [w]
+    block = tuple(fmt["block"])
+    scale = weight(g, layer, f"{suffix}.weight_scale_inv", scale_shape(shape, block), "fp32",
+                   param=None)
+    g.tensors[w].attrs.update(scale_inv=scale, block=list(block))
+    return [w, scale]
+
+
 def act(g: Graph, layer: int, name: str, shape: tuple[int, ...], dtype: str = "fp32") -> str:
     return g.tensor(f"layers.{layer}.{name}", shape, dtype, ACT)
 
 
 def projection(g: Graph, layer: int, suffix: str, x: str, out: str, out_features: int,
-               bias: bool = False, op: str | None = None) -> str:
+               bias: bool = False, op: str | None = None, quantized: bool = True) -> str:
     """`layers.{layer}.{out}` = x · Wᵀ (+ b), W = `{suffix}` [out_features, in]: one `linear` op
-    named `layers.{layer}.{op or out}`."""
-    ins = [x, weight(g, layer, suffix, (out_features, g.tensors[x].shape[-1]))]
+    named `layers.{layer}.{op or out}`. `quantized=False` keeps W bf16 in an FP8 model, as the
+    checkpoints do for a few small projections."""
+    shape = (out_features, g.tensors[x].shape[-1])
+    ins = [x, *(projection_weight(g, layer, suffix, shape) if quantized
+                else [weight(g, layer, suffix, shape)])]
     if bias:
         ins.append(weight(g, layer, f"{suffix}.bias", (out_features,), param=None))
     y = act(g, layer, out, (out_features,))
@@ -114,16 +137,16 @@ def swiglu(g: Graph, layer: int, prefix: str, xn: str, hidden: int, inter: int) 
     """down(silu(gate(xn)) * up(xn)) with weights `{prefix}.{gate,up,down}_proj`."""
     i = layer
     tag = prefix.replace("mlp", "ffn")
-    gw = weight(g, i, f"{prefix}.gate_proj", (inter, hidden))
-    uw = weight(g, i, f"{prefix}.up_proj", (inter, hidden))
-    dw = weight(g, i, f"{prefix}.down_proj", (hidden, inter))
+    gw = projection_weight(g, i, f"{prefix}.gate_proj", (inter, hidden))
+    uw = projection_weight(g, i, f"{prefix}.up_proj", (inter, hidden))
+    dw = projection_weight(g, i, f"{prefix}.down_proj", (hidden, inter))
     gate, up = act(g, i, f"{tag}.gate", (inter,)), act(g, i, f"{tag}.up", (inter,))
-    g.add(f"layers.{i}.{tag}.gate_proj", "linear", [xn, gw], [gate], layer=i)
-    g.add(f"layers.{i}.{tag}.up_proj", "linear", [xn, uw], [up], layer=i)
+    g.add(f"layers.{i}.{tag}.gate_proj", "linear", [xn, *gw], [gate], layer=i)
+    g.add(f"layers.{i}.{tag}.up_proj", "linear", [xn, *uw], [up], layer=i)
     hid = act(g, i, f"{tag}.act", (inter,))
     g.add(f"layers.{i}.{tag}.silu_mul", "silu_mul", [gate, up], [hid], layer=i)
     y = act(g, i, f"{tag}.out", (hidden,))
-    g.add(f"layers.{i}.{tag}.down_proj", "linear", [hid, dw], [y], layer=i)
+    g.add(f"layers.{i}.{tag}.down_proj", "linear", [hid, *dw], [y], layer=i)
     return y
 
 

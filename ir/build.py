@@ -22,7 +22,8 @@ def build_graph(spec: ModelSpec, max_seq_len: int | None = None) -> Graph:
 
     seq = int(max_seq_len or min(spec.max_position_embeddings, 4096))
     g = Graph(spec.name)
-    g.attrs.update(model_type=spec.model_type, max_seq_len=seq, spec_hash=spec.content_hash())
+    g.attrs.update(model_type=spec.model_type, max_seq_len=seq, spec_hash=spec.content_hash(),
+                   weight_format=dataclasses.asdict(spec.weight_format))
     h = spec.hidden_size
     g.tensor("token", (1,), "int64", TensorKind.INPUT)
     g.tensor("pos", (1,), "int64", TensorKind.INPUT)

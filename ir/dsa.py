@@ -48,8 +48,9 @@ def dsa_selection(g: Graph, spec: ModelSpec, layer: int, xn: str, q_resid: str,
     k = rotate(g, i, k_normed, "dsa.k_rope", 1, d, rope, rotary_dim=rope_dim)
     cache = g.tensor(f"layers.{i}.dsa.k_cache", (seq, d), "bf16", TensorKind.KV_CACHE)
     g.add(f"layers.{i}.dsa.k_append", "kv_append", [k, "pos"], [cache], layer=i)
+    # weights_proj stays bf16 in the FP8 checkpoints (DeepSeek-V3.2's reference model.py).
     head_weights = projection(g, i, "self_attn.indexer.weights_proj", xn, "dsa.head_weights",
-                              heads)
+                              heads, quantized=False)
     scores = act(g, i, "dsa.scores", (seq,))
     g.add(f"layers.{i}.dsa.score", "dsa_index_score", [q, head_weights, cache, "pos"], [scores],
           layer=i, n_heads=heads, head_dim=d, softmax_scale=d ** -0.5,

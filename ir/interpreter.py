@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tilertc.ir.graph import Graph, Op, TensorKind
+from tilertc.ir.fp8 import dequantize
+from tilertc.ir.graph import Graph, Op, Tensor, TensorKind
 from tilertc.ir.rope import apply_rope, cos_sin
 
 
@@ -161,6 +162,17 @@ def _load_semantics() -> None:
                 raise
 
 
+def checked_weight(t: Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensor of weight `t` in `weights` (by Hugging Face name), with the declared shape."""
+    if t.hf_name not in weights:
+        raise KeyError(f"weight {t.hf_name!r} (tensor {t.name!r}) is missing from the weights")
+    w = weights[t.hf_name]
+    if tuple(w.shape) != t.shape:
+        raise ValueError(f"weight {t.hf_name!r} has shape {tuple(w.shape)}, the model needs "
+                         f"{t.shape}")
+    return w
+
+
 class Interpreter:
     """Runs a graph step by step with weights given by Hugging Face name."""
 
@@ -170,21 +182,25 @@ class Interpreter:
         _load_semantics()
         self.graph, self.device, self.dtype = graph, torch.device(device), dtype
         self.params: dict[str, torch.Tensor] = {}
+        # Block scales of FP8 weights: folded into their weight here, so no op sees them.
+        self.scales = {t.attrs["scale_inv"] for t in graph.weights() if "scale_inv" in t.attrs}
         for t in graph.weights():
-            if t.hf_name not in weights:
-                raise KeyError(f"weight {t.hf_name!r} (tensor {t.name!r}) is missing from the "
-                               "weights")
-            w = weights[t.hf_name]
-            if tuple(w.shape) != t.shape:
-                raise ValueError(f"weight {t.hf_name!r} has shape {tuple(w.shape)}, the model "
-                                 f"needs {t.shape}")
-            self.params[t.name] = w.to(self.device, dtype)
+            if t.name not in self.scales:
+                self.params[t.name] = self.weight_value(t, weights).to(self.device, dtype)
         cache_dtype = cache_dtype or dtype
         self.state = {t.name: torch.zeros(t.shape, dtype=cache_dtype, device=self.device)
                       for t in graph.tensors.values() if t.kind is TensorKind.KV_CACHE}
         unknown = sorted({op.opcode for op in graph.ops()} - SEMANTICS.keys())
         if unknown:
             raise NotImplementedError(f"no interpreter semantics for opcodes {unknown}")
+
+    def weight_value(self, t: Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Weight `t` as the model means it: FP8 weights dequantized with their block scales."""
+        w = checked_weight(t, weights)
+        if "scale_inv" not in t.attrs:
+            return w
+        scale = checked_weight(self.graph.tensors[t.attrs["scale_inv"]], weights)
+        return dequantize(w, scale, tuple(t.attrs["block"]))
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the graph over tokens [T] at positions [T]; returns every tensor computed."""
@@ -194,6 +210,7 @@ class Interpreter:
         env["pos"] = step.positions
         env.update(self.state)
         for op in self.graph.ops():
-            outs = SEMANTICS[op.opcode](op, [env[i] for i in op.inputs], step)
+            ins = [env[i] for i in op.inputs if i not in self.scales]
+            outs = SEMANTICS[op.opcode](op, ins, step)
             env.update(zip(op.outputs, outs, strict=True))
         return env

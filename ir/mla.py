@@ -23,6 +23,7 @@ from tilertc.ir.blocks import (
     attention_output,
     input_norm,
     projection,
+    projection_weight,
     rotate,
     weight,
 )
@@ -80,9 +81,9 @@ def mla_attention_block(g: Graph, spec: ModelSpec, layer: int, x: str, seq: int)
                      TensorKind.KV_CACHE)
     g.add(f"layers.{i}.kv_append", "mla_kv_append", [latent, k_pe, "pos"], [cache], layer=i)
 
-    kv_b = weight(g, i, "self_attn.kv_b_proj", (nh * (nope + m.v_head_dim), r))
+    kv_b = projection_weight(g, i, "self_attn.kv_b_proj", (nh * (nope + m.v_head_dim), r))
     q_lat = act(g, i, "q_latent", (nh * r,))
-    g.add(f"layers.{i}.q_absorb", "mla_absorb_q", [q, kv_b], [q_lat], layer=i, **dims)
+    g.add(f"layers.{i}.q_absorb", "mla_absorb_q", [q, *kv_b], [q_lat], layer=i, **dims)
     attn_ins = [q_lat, q, cache, "pos"]
     if spec.indexer is not None:
         attn_ins.append(dsa_selection(g, spec, i, xn, q_resid, seq))
@@ -90,7 +91,7 @@ def mla_attention_block(g: Graph, spec: ModelSpec, layer: int, x: str, seq: int)
     g.add(f"layers.{i}.attention", "mla_attention", attn_ins, [o_lat], layer=i,
           scale=mla_softmax_scale(spec), **dims)
     o = act(g, i, "attn_out", (nh * m.v_head_dim,))
-    g.add(f"layers.{i}.v_expand", "mla_expand_v", [o_lat, kv_b], [o], layer=i, **dims)
+    g.add(f"layers.{i}.v_expand", "mla_expand_v", [o_lat, *kv_b], [o], layer=i, **dims)
     return attention_output(g, spec, i, x, o)
 
 

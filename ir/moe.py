@@ -19,7 +19,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tilertc.ir.blocks import act, post_attention_norm, residual, swiglu, weight
+from tilertc.ir.blocks import (
+    act,
+    post_attention_norm,
+    projection_weight,
+    residual,
+    swiglu,
+    weight,
+)
 from tilertc.ir.graph import Graph, Op
 from tilertc.ir.interpreter import Step, semantics
 from tilertc.model_specs.spec import ModelSpec
@@ -43,8 +50,8 @@ def moe_ffn_block(g: Graph, spec: ModelSpec, layer: int, x: str) -> str:
           topk_group=moe.topk_group, norm_topk_prob=moe.norm_topk_prob,
           routed_scaling_factor=moe.routed_scaling_factor)
     shapes = {"gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
-    experts = [weight(g, i, f"mlp.experts.{j}.{p}", shapes[p])
-               for j in range(e) for p in EXPERT_PROJECTIONS]
+    experts = [t for j in range(e) for p in EXPERT_PROJECTIONS
+               for t in projection_weight(g, i, f"mlp.experts.{j}.{p}", shapes[p])]
     routed = act(g, i, "moe.routed", (h,))
     g.add(f"layers.{i}.moe.experts", "moe_experts", [xn, ids, weights, *experts], [routed],
           layer=i, num_experts=e, top_k=k, intermediate_size=inter)

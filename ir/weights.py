@@ -6,6 +6,8 @@ from pathlib import Path
 
 import torch
 
+from tilertc.ir.fp8 import quantize
+
 WeightSource = dict[str, torch.Tensor] | str | Path
 
 
@@ -36,8 +38,10 @@ def random_weights(
     """Random weights for every weight tensor of `graph`, by Hugging Face name.
 
     Norm weights are drawn around 1 and biases around 0 so that activations stay in range
-    through many layers, as in a trained model.
+    through many layers, as in a trained model. FP8 weights are drawn the same way, then
+    quantized per block, with their `weight_scale_inv` (powers of two under ue8m0).
     """
+    ue8m0 = graph.attrs.get("weight_format", {}).get("scale_fmt") == "ue8m0"
     gen = torch.Generator().manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for t in graph.weights():
@@ -47,5 +51,9 @@ def random_weights(
             w = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
         else:
             w = std * torch.randn(t.shape, generator=gen)
-        out[t.hf_name] = w.to(dtype)
+        if "scale_inv" in t.attrs:
+            scale_name = graph.tensors[t.attrs["scale_inv"]].hf_name
+            out[t.hf_name], out[scale_name] = quantize(w, tuple(t.attrs["block"]), ue8m0)
+        else:
+            out[t.hf_name] = w.to(dtype)
     return out

@@ -16,6 +16,7 @@ from tilertc.model_specs.spec import (
     MoESpec,
     RopeSpec,
     SpecError,
+    WeightFormat,
 )
 from tilertc.model_specs.validate import validate
 
@@ -78,6 +79,44 @@ def rope_from_config(r: ConfigReader, interleaved: bool = False) -> RopeSpec:
     return RopeSpec(**kw)
 
 
+FP8_BLOCK = (128, 128)
+
+
+def weight_format(r: ConfigReader) -> WeightFormat:
+    """The projection weights' format from `quantization_config` (absent: bf16).
+
+    Supported is the DeepSeek-V3 checkpoint format (transformers' "fine-grained FP8"): e4m3
+    weights with an fp32 `weight_scale_inv` per 128x128 block, activations quantized on the fly
+    (`activation_scheme` "dynamic", which the interpreter does not simulate: it computes in
+    fp32). Any family may opt in by overriding `quantization_config`.
+    """
+    q = r.cfg.get("quantization_config")
+    if q is None:
+        return WeightFormat()
+    if not isinstance(q, dict):
+        raise r.error("quantization_config", f"expected a JSON object, got {q!r}")
+    checks = (("quant_method", None, "fp8"), ("fmt", "e4m3", "e4m3"),
+              ("activation_scheme", "dynamic", "dynamic"))
+    for key, default, supported in checks:
+        v = q.get(key, default)
+        if v != supported:
+            raise r.error(f"quantization_config.{key}",
+                          f"unsupported value {v!r} (supported: {supported!r})")
+    block = q.get("weight_block_size", list(FP8_BLOCK))
+    if not isinstance(block, (list, tuple)) or tuple(block) != FP8_BLOCK:
+        raise r.error("quantization_config.weight_block_size",
+                      f"only 128x128 blocks are supported, got {block!r}")
+    scale_fmt = q.get("scale_fmt")
+    if scale_fmt not in (None, "ue8m0"):
+        raise r.error("quantization_config.scale_fmt",
+                      f"unsupported scale format {scale_fmt!r} (supported: ue8m0 or absent)")
+    if q.get("modules_to_not_convert") not in (None, [], ["lm_head"]):
+        raise r.error("quantization_config.modules_to_not_convert",
+                      "only the default set of bf16 modules (embeddings, norms, routers, "
+                      f"lm_head) is supported, got {q['modules_to_not_convert']!r}")
+    return WeightFormat("fp8_e4m3", FP8_BLOCK, scale_fmt)
+
+
 def dense_fields(r: ConfigReader) -> dict[str, Any]:
     """Fields every family shares (their consistency is checked by `validate`)."""
     h = r.get("hidden_size", int, positive=True)
@@ -94,6 +133,7 @@ def dense_fields(r: ConfigReader) -> dict[str, Any]:
         "max_position_embeddings": r.get("max_position_embeddings", int, 4096, positive=True),
         "tie_word_embeddings": r.get("tie_word_embeddings", bool, False),
         "attention_bias": r.get("attention_bias", bool, False),
+        "weight_format": weight_format(r),
     }
 
 

@@ -102,6 +102,24 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class WeightFormat:
+    """How the projection weights are stored.
+
+    bf16, or FP8 e4m3 with one fp32 scale per `block` (rows, cols) of the weight, stored as the
+    checkpoint's `weight_scale_inv` (DeepSeek-V3 style). Norms, embeddings, lm_head and routers
+    stay bf16 either way. `scale_fmt` "ue8m0" means every scale is a power of two.
+    """
+
+    dtype: str = "bf16"  # "bf16" | "fp8_e4m3"
+    block: tuple[int, int] | None = None  # FP8 only
+    scale_fmt: str | None = None  # FP8 only: None (any fp32) | "ue8m0"
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype == "fp8_e4m3"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     model_type: str
@@ -121,6 +139,7 @@ class ModelSpec:
     mla: MLASpec | None = None
     indexer: IndexerSpec | None = None
     moe: MoESpec | None = None
+    weight_format: WeightFormat = WeightFormat()
     # The config dict the spec came from (Hugging Face keys), kept for references and reports.
     hf_config: dict[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 

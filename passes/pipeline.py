@@ -7,7 +7,7 @@ from tilertc.ir.target import Target, get_target
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack
-from tilertc.passes.program import Program
+from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import place
 from tilertc.passes.roles import assign_roles
 from tilertc.passes.scheduling import schedule
@@ -32,6 +32,10 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`), for experiments."""
+    if spec.weight_format.is_fp8:
+        raise ScheduleError(f"{spec.name}: FP8 block-scaled weights are not supported by the "
+                            "passes and backends yet (the interpreter runs them); for the bf16 "
+                            "variant, override quantization_config with null")
     program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
     program.config["tuning"] = dict(tuning or {})
     for run in PASSES:

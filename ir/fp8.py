@@ -1,0 +1,67 @@
+"""FP8 e4m3 block-scaled weights: the one dequantization every weight read goes through, and the
+quantization that produces such weights (random tiny models, tests).
+
+The format is the DeepSeek-V3 checkpoint's, as transformers' fine-grained FP8 integration reads
+and writes it (`transformers/integrations/finegrained_fp8.py`: `Fp8Quantize._quantize_one`,
+`Fp8Dequantize`): a weight W [out, in] is stored as e4m3 values q with one fp32 `weight_scale_inv`
+s per (block_rows x block_cols) block, and
+
+    W[i, j] = float(q[i, j]) * s[i // block_rows, j // block_cols].
+
+The scale is the *inverse* of the quantization scale: quantizing divides a block by
+s = amax(|block|) / 448 (448 is the largest finite e4m3 value), dequantizing multiplies by it.
+With `scale_fmt` "ue8m0" s is rounded up to a power of two before quantizing. Edge blocks of a
+weight whose sides are not multiples of the block are partial (the scale grid is
+ceil(out / block_rows) x ceil(in / block_cols)), as in DeepSeek's reference `weight_dequant`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FP8_E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
+    """The `weight_scale_inv` grid of a weight [out, in]: one scale per (partial) block."""
+    rows, cols = shape
+    return math.ceil(rows / block[0]), math.ceil(cols / block[1])
+
+
+def expand_blocks(scale_inv: torch.Tensor, shape: tuple[int, ...],
+                  block: tuple[int, int]) -> torch.Tensor:
+    """The per-block scales broadcast to one per weight element, [out, in]."""
+    rows, cols = shape
+    per_row = scale_inv.repeat_interleave(block[0], dim=0)[:rows]
+    return per_row.repeat_interleave(block[1], dim=1)[:, :cols]
+
+
+def dequantize(weight: torch.Tensor, scale_inv: torch.Tensor,
+               block: tuple[int, int]) -> torch.Tensor:
+    """W = q · s per block, in float32 (exact for ue8m0 scales, which are powers of two)."""
+    if tuple(scale_inv.shape) != scale_shape(tuple(weight.shape), block):
+        raise ValueError(f"scale grid {tuple(scale_inv.shape)} does not match weight "
+                         f"{tuple(weight.shape)} in {block[0]}x{block[1]} blocks")
+    return weight.float() * expand_blocks(scale_inv.float(), tuple(weight.shape), block)
+
+
+def quantize(weight: torch.Tensor, block: tuple[int, int],
+             ue8m0: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 weight, fp32 weight_scale_inv) with each block's largest |value| mapped to 448.
+
+    An all-zero block gets scale 1 so that its zeros stay exact and nothing divides by zero.
+    """
+    w = weight.float()
+    rows, cols = w.shape
+    gr, gc = scale_shape((rows, cols), block)
+    padded = torch.zeros(gr * block[0], gc * block[1])
+    padded[:rows, :cols] = w
+    amax = padded.reshape(gr, block[0], gc, block[1]).abs().amax(dim=(1, 3))
+    scale_inv = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))
+    if ue8m0:
+        scale_inv = torch.exp2(torch.ceil(torch.log2(scale_inv)))
+    scaled = w / expand_blocks(scale_inv, (rows, cols), block)
+    q = scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale_inv
