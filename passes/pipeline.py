@@ -35,7 +35,8 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     if spec.weight_format.is_fp8:
         raise ScheduleError(f"{spec.name}: FP8 block-scaled weights are not supported by the "
                             "passes and backends yet (the interpreter runs them); for the bf16 "
-                            "variant, override quantization_config with null")
+                            "variant, override quantization_config with null (CLI: "
+                            "--set quantization_config=null)")
     program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
     program.config["tuning"] = dict(tuning or {})
     for run in PASSES:
