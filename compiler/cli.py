@@ -61,10 +61,14 @@ def inspect_command(model: str, target: str, max_seq_len: int | None, summary: b
     if as_json:
         click.echo(json.dumps(insp.to_dict(), indent=1, sort_keys=True))
     else:
-        console = Console()
-        if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
-            console = Console(width=160)
-        print_inspection(insp, console)
+        print_inspection(insp, report_console(160))
+
+
+def report_console(width: int) -> Console:
+    """The terminal, or, when output is piped or captured, a console `width` columns wide so
+    that wide tables are not squeezed to 80 columns."""
+    console = Console()
+    return console if console.is_terminal else Console(width=width)
 
 
 def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
@@ -234,10 +238,7 @@ def explain_command(model: str, target: str, tp: int, max_seq_len: int | None,
     if as_json:
         click.echo(json.dumps(ex.to_dict(), indent=1, sort_keys=True))
     else:
-        console = Console()
-        if not console.is_terminal:  # piped or captured: do not squeeze the table to 80 columns
-            console = Console(width=200)
-        print_explanation(ex, console)
+        print_explanation(ex, report_console(200))
 
 
 def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int, int], ...]:
