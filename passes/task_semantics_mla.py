@@ -116,7 +116,25 @@ def _selected(program: Program, op: Op, pos: int) -> int:
     return min(n, program.graph.tensors[op.inputs[3]].numel) if op.attrs["dsa"] else n
 
 
-def _mla_attention_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+@dataclasses.dataclass(frozen=True)
+class _MLAChunk:
+    """Where one mla_attention chunk task reads and writes: its heads' latent queries and
+    q rows, the cache rows [k0, k1) of its chunk, its slot in the partials."""
+
+    op: Op
+    heads: int
+    rank: int
+    latent: tuple[int, int]  # element range of op.inputs[0]
+    q: str
+    q_range: tuple[int, int]
+    cache: str
+    width: int
+    k0: int
+    k1: int
+    partial: tuple[int, int]  # element range of mla_partials
+
+
+def _mla_chunk(program: Program, t: Task, pos: int) -> _MLAChunk:
     op = program.graph.op(t.op)
     a = op.attrs
     heads, r, chunks, part = _mla_geometry(op)
@@ -124,32 +142,31 @@ def _mla_attention_accesses(program: Program, t: Task, pos: int) -> list[Access]
     qk = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
     q, q_off = a["io"]["q"]
     cache = op.inputs[2]
-    width = program.graph.tensors[cache].shape[1]
-    out = [read(op.inputs[0], g * heads * r, (g + 1) * heads * r),
-           read(q, q_off + g * heads * qk, q_off + (g + 1) * heads * qk)]
     k0, k1 = chunk_bounds(_selected(program, op, pos) - 1, c, chunks)
-    if k1 > k0:
-        if a["dsa"]:  # which rows is known at run time: any visible one
-            out += [read(op.inputs[3], k0, k1), read(cache, 0, width, (0, pos + 1))]
-        else:
-            out.append(read(cache, 0, width, (k0, k1)))
     base = (g * chunks + c) * part
-    return out + [write("mla_partials", base, base + part)]
+    return _MLAChunk(op, heads, r, (g * heads * r, (g + 1) * heads * r), q,
+                     (q_off + g * heads * qk, q_off + (g + 1) * heads * qk), cache,
+                     program.graph.tensors[cache].shape[1], k0, k1, (base, base + part))
+
+
+def _mla_attention_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    ch = _mla_chunk(program, t, pos)
+    out = [read(ch.op.inputs[0], *ch.latent), read(ch.q, *ch.q_range)]
+    if ch.k1 > ch.k0:
+        if ch.op.attrs["dsa"]:  # which rows is known at run time: any visible one
+            out += [read(ch.op.inputs[3], ch.k0, ch.k1), read(ch.cache, 0, ch.width, (0, pos + 1))]
+        else:
+            out.append(read(ch.cache, 0, ch.width, (ch.k0, ch.k1)))
+    return out + [write("mla_partials", *ch.partial)]
 
 
 def _mla_attention(ctx: Context, t: Task) -> None:
-    op = ctx.program.graph.op(t.op)
-    a = op.attrs
-    heads, r, chunks, part = _mla_geometry(op)
-    g, c = t.rows[0], t.index % chunks
-    qk = a["qk_nope_head_dim"] + a["qk_rope_head_dim"]
-    q, q_off = a["io"]["q"]
-    cache = op.inputs[2]
-    width = ctx.program.graph.tensors[cache].shape[1]
-    q_lat = ctx.read(op.inputs[0], g * heads * r, (g + 1) * heads * r)[None]
-    q = ctx.read(q, q_off + g * heads * qk, q_off + (g + 1) * heads * qk)[None]
+    ch = _mla_chunk(ctx.program, t, ctx.pos)
+    op, a, heads, r, cache, width, k0, k1 = (ch.op, ch.op.attrs, ch.heads, ch.rank, ch.cache,
+                                             ch.width, ch.k0, ch.k1)
+    q_lat = ctx.read(op.inputs[0], *ch.latent)[None]
+    q = ctx.read(ch.q, *ch.q_range)[None]
     q = run("rope", source(ctx, op, "rope"), [q, torch.tensor([ctx.pos])], ctx, n_heads=heads)
-    k0, k1 = chunk_bounds(_selected(ctx.program, op, ctx.pos) - 1, c, chunks)
     result = chunk_result(heads, r)
     if k1 > k0:
         if a["dsa"]:
@@ -166,7 +183,7 @@ def _mla_attention(ctx: Context, t: Task) -> None:
         scores = (torch.einsum("hr,nr->hn", q_lat.reshape(heads, r), rows[:, :r]) +
                   torch.einsum("hd,nd->hn", q_pe[0], rows[:, r:])) * a["scale"]
         result = chunk_result(heads, r, o, scores)
-    ctx.write("mla_partials", (g * chunks + c) * part, result)
+    ctx.write("mla_partials", ch.partial[0], result)
 
 
 def _mla_merge_accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
