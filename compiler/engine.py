@@ -54,6 +54,28 @@ ST_NUCLEUS_CUT = 6  # decode.cuh: Status, steps whose nucleus was cut to the can
 ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weight ring stalled"}
 
 
+def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
+                 device: torch.device) -> torch.Tensor:
+    """The packed bf16 weight buffer of a manifest's `weights` entry: each task's rows at its
+    offset, gate/up pairs interleaved row by row (docs/artifact.md)."""
+    packed = torch.empty(layout["packed_bytes"] // 2, dtype=torch.bfloat16, device=device)
+    # Only the tensors the current entry reads stay on the device, which keeps packing memory
+    # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
+    # say) come together and a tensor is uploaded about once.
+    on_dev: dict[str, torch.Tensor] = {}
+    for entry in sorted(layout["layout"], key=lambda e: [seg[0] for seg in e["segments"]]):
+        names = {seg[0] for seg in entry["segments"]}
+        for name in set(on_dev) - names:
+            del on_dev[name]
+        for name in names - set(on_dev):
+            on_dev[name] = weights[name].to(device)
+        parts = [on_dev[name][r0:r1] for name, r0, r1 in entry["segments"]]
+        block = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
+        off = entry["offset"] // 2
+        packed[off : off + block.numel()] = block.reshape(-1)
+    return packed
+
+
 def _driver():
     from cuda.bindings import driver
 
@@ -134,22 +156,7 @@ class Engine:
     def _upload(self) -> None:
         m, dev = self.m, self.device
         lay = m["weights"]
-        packed = torch.empty(lay["packed_bytes"] // 2, dtype=torch.bfloat16, device=dev)
-        on_dev: dict[str, torch.Tensor] = {}
-
-        def rows(name: str, r0: int, r1: int) -> torch.Tensor:
-            if name not in on_dev:
-                on_dev.clear()  # one tensor on the GPU at a time keeps packing memory small
-                on_dev[name] = self.weights[name].to(dev)
-            return on_dev[name][r0:r1]
-
-        for entry in sorted(lay["layout"], key=lambda e: e["segments"][0][0]):
-            parts = [rows(*seg) for seg in entry["segments"]]
-            block = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
-            off = entry["offset"] // 2
-            packed[off : off + block.numel()] = block.reshape(-1)
-        on_dev.clear()
-        self.packed = packed
+        self.packed = pack_weights(lay, self.weights, dev)
         self.act = torch.zeros(m["arenas"]["act"], dtype=torch.float32, device=dev)
         self.kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16, device=dev)
         for name, b in m["buffers"].items():

@@ -241,3 +241,37 @@ def test_new_tokens_beyond_the_kv_capacity() -> None:
     check_capacity(0, 10, 55, 64)  # the last new token is never fed back, so 55 fit
     with pytest.raises(ValueError, match="10 prompt \\+ 56 new tokens exceed .* at most 55 new"):
         check_capacity(0, 10, 56, 64)
+
+
+def test_packed_weights_follow_the_task_table(tmp_path: Path) -> None:
+    """Walk every weight-streaming task of the schedule row by row and find its rows in the
+    packed buffer at the task's offset (gate/up interleaved), independently of pack_weights.
+    llama-tiny-odd, so that tasks hold several rows and interleaving shows."""
+    import numpy as np
+
+    from tilertc.engine import pack_weights
+    from tilertc.ir.weights import random_weights
+
+    spec = tilertc.load_spec("llama-tiny-odd")
+    built = compile(spec, tmp_path, CompileOptions(max_seq_len=SEQ))
+    m = read_manifest(built)
+    weights = random_weights(tilertc.build_graph(spec, m["max_seq_len"]), seed=5)
+    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    tasks = np.load(built / "schedule.npz")["tasks"]
+    f = {name: i for i, name in enumerate(FIELDS)}
+    entries = {e["offset"]: e for e in m["weights"]["layout"]}
+    streamed = 0
+    for t in tasks:
+        if t[f["row_bytes"]] == 0:
+            continue
+        offset = ((int(t[f["w_hi"]]) << 32) | (int(t[f["w_lo"]]) & 0xFFFFFFFF)) * 16
+        entry = entries[offset]
+        rows = [weights[name][r] for name, r0, r1 in entry["segments"] for r in range(r0, r1)]
+        if entry["interleave"]:  # gate row, up row, gate row, ...
+            half = len(rows) // 2
+            rows = [rows[i // 2 + (i % 2) * half] for i in range(2 * half)]
+        got = packed[offset // 2: offset // 2 + sum(r.numel() for r in rows)]
+        assert torch.equal(got, torch.cat(rows)), f"task at offset {offset}"
+        assert len(rows) * rows[0].numel() * 2 == (t[f["row1"]] - t[f["row0"]]) * t[f["row_bytes"]]
+        streamed += 1
+    assert streamed == len(entries)
