@@ -170,6 +170,13 @@ class HFStepModel:
         self.model.eval()
         self.config, self.static_cache_type = config, StaticCache
         self.cache = self.new_cache()
+        # The static cache allocates its tensors (and moves its row counter to the device) on
+        # its first update; do that now and clear it, so that it cannot fall inside a CUDA
+        # graph capture, where a host-to-device copy is not allowed.
+        with torch.no_grad():
+            zero = torch.zeros(1, dtype=torch.long, device=self.device)
+            self._forward(zero, zero, self.cache)
+        self.cache.reset()
 
     def new_cache(self) -> object:
         return self.static_cache_type(config=self.config, max_cache_len=self.max_seq_len)

@@ -93,8 +93,10 @@ def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
               help="KV-cache capacity in positions [default: max positions, at most 4096].")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key before validation (repeatable).")
+@click.option("--lineinfo", is_flag=True,
+              help="Keep source lines in the cubin (for compute-sanitizer and Nsight).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
-                    max_seq_len: int | None, overrides: tuple[str, ...]) -> None:
+                    max_seq_len: int | None, overrides: tuple[str, ...], lineinfo: bool) -> None:
     """Compile MODEL into one persistent CUDA kernel and write an artifact directory.
 
     MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
@@ -109,7 +111,7 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     options = CompileOptions(target=target.lower(), backend=backend,
-                             max_seq_len=kv_capacity(spec, max_seq_len))
+                             max_seq_len=kv_capacity(spec, max_seq_len), lineinfo=lineinfo)
     console = Console(stderr=True)
     started = time.perf_counter()
     try:

@@ -38,6 +38,9 @@ class CompileOptions:
     compute_warps: int | None = None  # None: the roles pass decides
     page_kb: int | None = None  # None: the residency pass decides
     page_groups: int | None = None  # None: the roles pass decides
+    # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
+    # nvcc records the build directory in them, so the cubin would depend on where it was built.
+    lineinfo: bool = False
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
@@ -145,6 +148,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     np.savez(out / "schedule.npz", tasks=tasks, stream_offsets=offsets, stream_tasks=ids)
     say(f"compiling with nvcc for {program.target.arch}")
     cubin = out / "kernel.cubin"
+    if options.lineinfo:
+        nvcc_flags = (*nvcc_flags, "-lineinfo")
     ptxas = codegen.compile_cubin(src, cubin, program.target.arch, nvcc_flags)
     sha = hashlib.sha256(cubin.read_bytes()).hexdigest()
     m = manifest(program, options, consts, ptxas, sha)

@@ -71,6 +71,15 @@ def test_compile_with_overrides(tmp_path: Path) -> None:
     assert read_manifest(tmp_path)["model"]["spec"]["num_layers"] == 1
 
 
+def test_compile_with_lineinfo(artifact: Path, tmp_path: Path) -> None:
+    result = cli("compile", "llama-tiny", "-o", str(tmp_path), "--max-seq-len", str(SEQ),
+                 "--lineinfo")
+    assert result.exit_code == 0, result.output
+    assert read_manifest(tmp_path)["options"]["lineinfo"] is True
+    assert b".debug_line" in (tmp_path / "kernel.cubin").read_bytes()
+    assert b".debug_line" not in (artifact / "kernel.cubin").read_bytes()
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--target", "a100"], "Invalid value for '--target'"),
     (["--backend", "triton"], "Invalid value for '--backend'"),

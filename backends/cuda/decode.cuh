@@ -102,11 +102,19 @@ __device__ __forceinline__ unsigned long long now_ns() {
 }
 // Waits on a ring mbarrier with the same watchdog as counter waits: a protocol bug becomes an
 // error (ERR_RING) instead of a hang. Returns false when the kernel is failing.
+// The loader and the compute warps part at the end of a launch through two flag words: compute
+// publishes how many pages it consumed, then the quit flag; the loader polls for it. Both are
+// shared-memory atomics, ordered by a fence, because the loader cannot join a barrier while it
+// may be blocked on a page that compute will never release.
+__device__ __forceinline__ bool quit_seen(volatile int* quit) {
+  return atomicAdd(const_cast<int*>(quit), 0) != 0;
+}
+
 __device__ bool ring_wait(const Params& p, uint64_t* bar, uint32_t parity, volatile int* quit) {
   unsigned spins = 0;
   unsigned long long start = 0;
   while (!mbar_try_wait(bar, parity)) {
-    if (quit && *quit) return false;
+    if (quit && quit_seen(quit)) return false;
     if ((++spins & 4095) == 0) {
       if (start == 0) start = now_ns();
       if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) return false;
@@ -199,8 +207,10 @@ __device__ void run_loader(const Params& p, Shared& s) {
     }
   }
 drain:
-  while (!s.flags[0]) __nanosleep(256);
-  for (uint32_t c = s.flags[1]; c < issued; ++c)
+  while (!quit_seen(&s.flags[0])) __nanosleep(256);
+  __threadfence_block();
+  const uint32_t consumed = atomicAdd(const_cast<int*>(&s.flags[1]), 0);
+  for (uint32_t c = consumed; c < issued; ++c)
     if (!ring_wait(p, &s.full[c % RING_PAGES], (c / RING_PAGES) & 1, nullptr)) break;
 }
 
@@ -1003,9 +1013,9 @@ __device__ void run_compute(const Params& p, Shared& s) {
   }
   compute_sync();
   if (ct == 0) {
-    s.flags[1] = consumed;
+    atomicExch(const_cast<int*>(&s.flags[1]), static_cast<int>(consumed));
     __threadfence_block();
-    s.flags[0] = 1;  // quit: the loader drains and leaves
+    atomicExch(const_cast<int*>(&s.flags[0]), 1);  // quit: the loader drains and leaves
   }
 }
 

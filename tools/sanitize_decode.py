@@ -1,0 +1,41 @@
+"""Run a few decode steps of a compiled model under compute-sanitizer:
+
+    compute-sanitizer --tool memcheck python tools/sanitize_decode.py llama-tiny
+    compute-sanitizer --tool racecheck python tools/sanitize_decode.py llama-tiny
+
+Compiles MODEL (small KV capacity), loads random weights, prefills, then runs single steps,
+a greedy token loop and a sampled token loop, so that every opcode and the in-kernel loop run
+under the tool. The watchdog is generous because the tools slow the kernel by orders of
+magnitude. Exits non-zero on any error the runtime sees; the tool reports its own findings.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+
+import torch
+
+import tilertc
+from tilertc.driver import CompileOptions, compile
+from tilertc.engine import Engine
+
+
+def main(model: str) -> None:
+    spec = tilertc.load_spec(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        art = compile(spec, tmp, CompileOptions(max_seq_len=128, lineinfo=True))
+        engine = Engine.load(art, random_seed=5, watchdog_s=600.0)
+        prompt = torch.randint(0, spec.vocab_size, (20,), generator=torch.Generator().manual_seed(3))
+        engine.prefill(prompt)
+        for tok in prompt[:3].tolist():
+            engine.step(tok)
+        greedy = list(engine.generate(prompt, max_new_tokens=4))
+        sampled = list(engine.generate(prompt, max_new_tokens=4, temperature=0.8, top_k=20,
+                                       top_p=0.9, seed=11))
+        torch.cuda.synchronize()
+        print(f"{model}: greedy {greedy} sampled {sampled}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "llama-tiny")
