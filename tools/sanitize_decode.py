@@ -26,7 +26,8 @@ def main(model: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         art = compile(spec, tmp, CompileOptions(max_seq_len=128, lineinfo=True))
         engine = Engine.load(art, random_seed=5, watchdog_s=600.0)
-        prompt = torch.randint(0, spec.vocab_size, (20,), generator=torch.Generator().manual_seed(3))
+        gen = torch.Generator().manual_seed(3)
+        prompt = torch.randint(0, spec.vocab_size, (20,), generator=gen)
         engine.prefill(prompt)
         for tok in prompt[:3].tolist():
             engine.step(tok)
