@@ -390,6 +390,7 @@ def kernel_source() -> str:
         definition("__device__ __forceinline__ float warp_sum"),
         definition("struct Shared {"),
         between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
+        definition("__device__ void cta_best"),
         definition("__device__ void write_best"),
         definition("__device__ void sample_lm_head"),
         definition("__device__ void publish_token"),

@@ -199,6 +199,9 @@ __device__ void run_loader(const Params& p, Shared& s) {
         const int slot = issued % RING_PAGES;
         const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
         if (!ring_wait(p, &s.empty[slot], parity, &s.flags[0])) goto drain;
+        // The compute warps' reads of the slot's last page (generic proxy) come before this
+        // copy's writes (async proxy).
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         const uint32_t bytes = min(rpp, rows - r) * rb;
         mbar_expect_tx(&s.full[slot], bytes);
         bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
@@ -620,23 +623,39 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   }
 }
 
+// acc + the dot product of 4 bf16 weights (8 bytes) with 4 fp32 inputs.
+__device__ __forceinline__ float dot4(const uint2 q, const float4 a, float acc) {
+  const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+  const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+  acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc);
+  acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
+  return acc;
+}
+
 // Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
+// Lanes take the pieces' 8-byte halves in turn, so that a warp's loads are contiguous: 256 B
+// of weights and 512 B of x, no bank conflicts (a lane reading a whole piece would read x at a
+// 32-byte stride, twice the shared-memory wavefronts). Four independent sums, loads first, so
+// that a page's time on the compute warps (part of its ring slot's time) is short.
 __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
-  float acc = 0.f;
-  for (int i = begin + lane; i < end; i += 32) {
-    const uint4 q = w[i];
-    const float4 a = reinterpret_cast<const float4*>(x)[2 * i];
-    const float4 b = reinterpret_cast<const float4*>(x)[2 * i + 1];
-    const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-    const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-    const float2 w2 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.z));
-    const float2 w3 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.w));
-    acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc);
-    acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
-    acc = fmaf(w2.x, b.x, acc); acc = fmaf(w2.y, b.y, acc);
-    acc = fmaf(w3.x, b.z, acc); acc = fmaf(w3.y, b.w, acc);
+  const uint2* wh = reinterpret_cast<const uint2*>(w);
+  const float4* xh = reinterpret_cast<const float4*>(x);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int i = 2 * begin + lane;
+  const int stop = 2 * end;
+  for (; i + 96 < stop; i += 128) {
+    uint2 q[4];
+    float4 a[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      q[u] = wh[i + 32 * u];
+      a[u] = xh[i + 32 * u];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[u] = dot4(q[u], a[u], acc[u]);
   }
-  return warp_sum(acc);
+  for (; i < stop; i += 32) acc[0] = dot4(wh[i], xh[i], acc[0]);
+  return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
 // Pages are dealt round-robin to PAGE_GROUPS groups of warps, so that the latency of one page
@@ -649,9 +668,9 @@ __device__ __forceinline__ int warps_per_row(int rows_in_page) {
   return wpr;
 }
 
-// The task's (max, row) pair for the sampler: this thread's pair reduced over lanes, then over
-// warps (ties: the lower row); thread 0 writes it to argmax_partials.
-__device__ void write_best(const Params& p, Shared& s, const int* t, float best, int best_row, int ct) {
+// Reduces every compute thread's (value, row) pair to the CTA's best, in thread 0: over lanes,
+// then over warps; ties go to the lower row.
+__device__ void cta_best(Shared& s, float& best, int& best_row, int ct) {
   const int warp = ct >> 5, lane = ct & 31;
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -676,6 +695,13 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
         best_row = i;
       }
     }
+  }
+}
+
+// The task's (max, row) pair for the sampler, written to argmax_partials.
+__device__ void write_best(const Params& p, Shared& s, const int* t, float best, int best_row, int ct) {
+  cta_best(s, best, best_row, ct);
+  if (ct == 0) {
     __stcg(p.act + t[F_AUX2], best);
     __stcg(p.act + t[F_AUX2] + 1, __int_as_float(best_row));
   }
@@ -953,11 +979,11 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
     if (ct == 0) publish_token(p, step, tok);
     return;
   }
-  if (ct != 0) return;
+  // Every thread loads pairs at once (one round trip to L2, not one per task), then reduce.
   const float* part = p.act + t[F_IN];
   float best = -INFINITY;
   int tok = 0x7fffffff;
-  for (int i = 0; i < t[F_COUNT]; ++i) {
+  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32) {
     const float v = __ldcg(part + 2 * i);
     const int r = __float_as_int(__ldcg(part + 2 * i + 1));
     if (v > best || (v == best && r < tok)) {
@@ -965,7 +991,8 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
       tok = r;
     }
   }
-  publish_token(p, step, tok);
+  cta_best(s, best, tok, ct);
+  if (ct == 0) publish_token(p, step, tok);
 }
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
