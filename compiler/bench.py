@@ -1,10 +1,11 @@
 """`tilertc bench`: the persistent kernel against the conventional decoders, on one GPU, in one
 process, with the same weights and the same prompt, after a correctness gate.
 
-Order of a run: resolve the artifact (compile a model, or load an artifact directory), load
-the weights once (random bf16, or a checkpoint) and share them with every system; the gate
-(`tilertc.bench_gate`) on a short run; the bandwidth ceiling; then per point (context, gen)
-the kernel's token loop and each baseline of `tilertc.baselines`; optionally a profiled run.
+Order of a run: resolve the artifacts (compile a model with each backend asked for, or load
+artifact directories), load the weights once (random bf16, or a checkpoint) and share them with
+every system; the bandwidth ceiling; per kernel, the gate (`tilertc.bench_gate`) on a short run,
+then its token loop at every point (context, gen), and for the first kernel optionally a
+profiled run; then per point each baseline of `tilertc.baselines`.
 The figures are computed in `tilertc.bench_report`, and the pictures drawn in
 `tilertc.bench_charts`. docs/performance.md, "How to benchmark", says what is measured.
 """
@@ -73,6 +74,8 @@ class BenchConfig:
     device: str = "cuda:0"
     profile: bool = False
     tuning: tuple[tuple[str, int], ...] = ()  # (knob, value) for the compile, to try schedules
+    backends: tuple[str, ...] = ("cuda",)  # one kernel per backend; the first is "tilertc"
+    artifacts: tuple[Path, ...] = ()  # prebuilt kernels of the same model, timed as well
     command: str = ""
 
 
@@ -104,6 +107,18 @@ def parse_systems(text: str) -> tuple[str, ...]:
                          f"{', '.join(SYSTEMS)}")
     if "tilertc" not in names:
         raise ValueError("the systems must include tilertc: it is what is benchmarked")
+    return names
+
+
+def parse_backends(text: str) -> tuple[str, ...]:
+    """A comma-separated list of code generators, e.g. 'cuda,tilelang'."""
+    from tilertc.driver import BACKENDS
+
+    names = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    unknown = [n for n in names if n not in BACKENDS]
+    if unknown or not names:
+        raise ValueError(f"unknown backend(s) {', '.join(unknown) or '(none)'}; choose from "
+                         f"{', '.join(BACKENDS)}")
     return names
 
 
@@ -162,9 +177,9 @@ def check_model(config: BenchConfig) -> Path | ModelSpec:
                              f"{capacity}: recompile with --max-seq-len {capacity}")
         if m["options"]["tp"] != config.tp:
             raise BenchError(f"{src} was compiled for tp={m['options']['tp']}, not {config.tp}")
-        if config.tuning:
-            raise BenchError("tuning knobs apply to a compile; an artifact directory keeps the "
-                             "schedule it was built with")
+        if config.tuning or config.backends != ("cuda",):
+            raise BenchError("tuning knobs and backends apply to a compile; an artifact "
+                             "directory keeps what it was built with (add more with --artifact)")
         return src
     spec = load_spec(config.model)
     if capacity > spec.max_position_embeddings:
@@ -173,16 +188,32 @@ def check_model(config: BenchConfig) -> Path | ModelSpec:
     return spec
 
 
-def resolve_artifact(model: Path | ModelSpec, config: BenchConfig, phase: Phase) -> Path:
-    """The artifact directory given, or the spec compiled into OUT/artifact."""
+def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig,
+                      phase: Phase) -> list[tuple[str, Path]]:
+    """The kernels to time, as (system name, artifact directory): the artifact given, or the
+    spec compiled with each backend (OUT/artifact, then OUT/artifact-BACKEND); then the
+    --artifact directories, which must hold the same model with room for every point."""
     from tilertc.driver import CompileOptions, compile
 
-    if isinstance(model, Path):
-        return model
     capacity = capacity_for(config.points)
-    options = CompileOptions(tp=config.tp, max_seq_len=capacity, **dict(config.tuning))
-    with phase(f"compiling {model.name} (KV capacity {capacity})"):
-        return compile(model, config.out / "artifact", options)
+    kernels = [("tilertc", model)] if isinstance(model, Path) else []
+    for i, backend in enumerate(() if kernels else config.backends):
+        options = CompileOptions(backend=backend, tp=config.tp, max_seq_len=capacity,
+                                 **dict(config.tuning))
+        out = config.out / ("artifact" if i == 0 else f"artifact-{backend}")
+        with phase(f"compiling {model.name} with {backend} (KV capacity {capacity})"):
+            kernels.append(("tilertc" if i == 0 else f"tilertc-{backend}",
+                            compile(model, out, options)))
+    spec_hash = read_manifest(kernels[0][1])["model"]["spec_hash"]
+    for extra in config.artifacts:
+        m = read_manifest(extra)
+        if m["model"]["spec_hash"] != spec_hash:
+            raise BenchError(f"{extra} holds {m['model']['name']}, not the benchmarked model")
+        check_capacity(0, capacity - 1, 1, m["max_seq_len"])
+        name = f"tilertc-{m['options']['backend']}"
+        taken = {n for n, _ in kernels}
+        kernels.append((name if name not in taken else f"tilertc-{extra.name}", extra))
+    return kernels
 
 
 def require_gpu(device: str) -> None:
@@ -229,16 +260,17 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
     return check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name)
 
 
-def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase) -> Timing:
+def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
+                name: str = "tilertc") -> Timing:
     """Prefill (the interpreter, untimed), warm up, then time `gen` tokens of one launch by
     the host clock at which each token arrives through the host-mapped ring."""
     engine.position = 0
-    with phase(f"tilertc: prefill of {prompt.numel() - 1} tokens (interpreter, not timed)"):
+    with phase(f"{name}: prefill of {prompt.numel() - 1} tokens (interpreter, not timed)"):
         # In chunks: the interpreter's attention holds [tokens, heads, context] scores.
         for chunk in prompt[:-1].split(PREFILL_CHUNK) if prompt.numel() > 1 else ():
             engine.prefill(chunk)
     start_pos, last = engine.position, prompt[-1:]
-    with phase(f"tilertc: {gen} tokens in one launch"):
+    with phase(f"{name}: {gen} tokens in one launch"):
         list(engine.generate(last, min(WARMUP_TOKENS, gen)))  # returns once the kernel ended
         engine.position = start_pos
         arrivals = []
@@ -277,47 +309,60 @@ def run_bench(config: BenchConfig,
     model = check_model(config)
     require_gpu(config.device)
     config.out.mkdir(parents=True, exist_ok=True)
-    artifact = resolve_artifact(model, config, phase)
-    m = read_manifest(artifact)
+    kernels = resolve_artifacts(model, config, phase)
+    m = read_manifest(kernels[0][1])
     spec = model_spec(m)
     for context, gen in config.points:
         check_capacity(0, context, gen, m["max_seq_len"])
-    with phase("loading the weights and the kernel"):
+    with phase("loading the weights"):
         weights = (load_state_dict(config.weights) if config.weights else
                    random_weights(build_graph(spec, m["max_seq_len"]), seed=config.seed))
-        engine = Engine.load(artifact, weights=weights, device=config.device)
-    with phase("correctness gate: kernel vs interpreter vs kernel-per-op"):
-        gate = run_gate(engine, weights, config.device, config.seed)
-    if not gate.passed:
-        raise GateFailure(gate)
     with phase("measuring the bandwidth ceiling"):
         ceiling = baselines.bandwidth_ceiling(1 << 30, config.device)
-    points, profile = [], None
-    for context, gen in config.points:
-        prompt = torch.randint(0, spec.vocab_size, (context,),
-                               generator=torch.Generator().manual_seed(config.seed + context))
-        results: dict[str, Timing | str] = {"tilertc": time_kernel(engine, prompt, gen, phase)}
-        details = {"tilertc": f"persistent kernel, artifact {m['hash']}"}
-        if config.profile and profile is None:
-            with phase(f"tilertc: {min(PROFILE_STEPS, gen)} profiled steps"):
-                profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
+    prompts = [torch.randint(0, spec.vocab_size, (context,),
+                             generator=torch.Generator().manual_seed(config.seed + context))
+               for context, _ in config.points]
+    results: list[dict[str, Timing | str]] = [{} for _ in config.points]
+    details: dict[str, str] = {}
+    records: dict[str, dict[str, Any]] = {}
+    profile = None
+    for name, artifact in kernels:  # one engine at a time: each has the GPU to itself
+        km = read_manifest(artifact)
+        with phase(f"{name}: loading the kernel ({km['options']['backend']} backend)"):
+            engine = Engine.load(artifact, weights=weights, device=config.device)
+        with phase(f"{name}: correctness gate, kernel vs interpreter vs kernel-per-op"):
+            gate = run_gate(engine, weights, config.device, config.seed)
+        if not gate.passed:
+            raise GateFailure(gate, name)
+        records[name] = {"artifact": {"path": str(artifact), "hash": km["hash"],
+                                      "max_seq_len": km["max_seq_len"],
+                                      "options": km["options"]}, "gate": gate.to_dict()}
+        details[name] = f"persistent kernel ({km['options']['backend']}), artifact {km['hash']}"
+        for i, ((_, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
+            results[i][name] = time_kernel(engine, prompt, gen, phase, name)
+            if config.profile and profile is None:
+                with phase(f"{name}: {min(PROFILE_STEPS, gen)} profiled steps"):
+                    profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
+        device_name = torch.cuda.get_device_name(engine.device)
+        del engine
+        free_gpu()
+    points = []
+    for i, ((context, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
         for name in config.systems:
             if name != "tilertc":
-                results[name], details[name] = time_baseline(name, spec, weights, prompt, gen,
-                                                             config.device, phase)
+                results[i][name], details[name] = time_baseline(name, spec, weights, prompt, gen,
+                                                                config.device, phase)
         nbytes = token_bytes(spec, context, gen)
-        points.append(make_point(context, gen, nbytes, ceiling.bytes_per_s, results, details,
+        points.append(make_point(context, gen, nbytes, ceiling.bytes_per_s, results[i], details,
                                  prediction(spec, m, nbytes.kv_context)))
     report = BenchReport(
         model={"name": spec.name, "spec_hash": spec.content_hash()},
-        artifact={"path": str(artifact), "hash": m["hash"], "max_seq_len": m["max_seq_len"],
-                  "options": m["options"]},
-        device={"name": torch.cuda.get_device_name(engine.device), "torch": torch.__version__,
-                "cuda": torch.version.cuda},
+        artifact=records["tilertc"]["artifact"],
+        device={"name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda},
         weights=config.weights or f"random bf16 (seed {config.seed})",
         ceiling={"bytes_per_s": ceiling.bytes_per_s, "method": ceiling.name},
-        gate=gate.to_dict(), points=points, command=config.command,
-        created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+        gate=records["tilertc"]["gate"], points=points, command=config.command,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kernels=records)
     return report, profile
 
 

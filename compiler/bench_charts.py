@@ -39,7 +39,7 @@ def plot_bench(points: list[BenchPoint], title: str, path: str | Path) -> Path:
         rows = point.systems[::-1]  # the first system on top
         rates = [r.timing.tokens_per_s if r.timing else 0.0 for r in rows]
         ax.barh([r.name for r in rows], rates,
-                color=["#2b6cb0" if r.name == "tilertc" else "#a0aec0" for r in rows])
+                color=["#2b6cb0" if r.name.startswith("tilertc") else "#a0aec0" for r in rows])
         roof = 1e3 / point.roofline_ms
         ax.axvline(roof, color="#c53030", linestyle="--", linewidth=1.2,
                    label=f"measured roofline: {roof:.0f} tokens/s")

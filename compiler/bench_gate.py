@@ -26,9 +26,9 @@ MARGIN = 2e-2  # a top-2 gap above this share of max |logit| is clear of bf16 no
 class GateFailure(RuntimeError):
     """The kernel (or the baseline it is compared with) does not compute the model."""
 
-    def __init__(self, report: GateReport) -> None:
+    def __init__(self, report: GateReport, system: str = "tilertc") -> None:
         self.report = report
-        super().__init__("correctness gate failed, no numbers reported:\n  "
+        super().__init__(f"correctness gate failed for {system}, no numbers reported:\n  "
                          + "\n  ".join(report.problems))
 
 

@@ -29,7 +29,7 @@ from tilertc.ir.build import build_graph
 from tilertc.ir.graph import TensorKind
 from tilertc.model_specs.spec import ModelSpec
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,7 @@ class BenchReport:
     command: str = ""
     created: str = ""
     profile: dict[str, Any] | None = None
+    kernels: dict[str, Any] | None = None  # per kernel system: its artifact and gate
 
     def to_dict(self) -> dict[str, Any]:
         from tilertc import __version__
@@ -200,7 +201,8 @@ class BenchReport:
                 "created": self.created, "command": self.command, "host": platform.node(),
                 "model": self.model, "artifact": self.artifact, "device": self.device,
                 "weights": self.weights, "ceiling": self.ceiling, "gate": self.gate,
-                "points": [p.to_dict() for p in self.points], "profile": self.profile}
+                "points": [p.to_dict() for p in self.points], "profile": self.profile,
+                "kernels": self.kernels}
 
 
 def print_point(point: BenchPoint, console: Console) -> None:

@@ -280,10 +280,17 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="Compile with a schedule knob set (compute_warps, page_kb, page_groups) "
                    "instead of the passes' choice (repeatable).")
+@click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",
+              help="Compile and time one kernel per backend, e.g. cuda,tilelang; the first is "
+                   "reported as tilertc, the others as tilertc-BACKEND.")
+@click.option("--artifact", "artifacts", multiple=True, type=click.Path(exists=True,
+              file_okay=False), help="Also time this prebuilt artifact of the same model "
+              "(e.g. a TileLang build from a machine with TileLang; repeatable).")
 @click.option("--device", default="cuda:0", show_default=True)
 def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
                   tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
-                  tune: tuple[str, ...], device: str) -> None:
+                  tune: tuple[str, ...], backends: str, artifacts: tuple[str, ...],
+                  device: str) -> None:
     """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
     graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
 
@@ -298,6 +305,7 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
     from tilertc.bench import (
         BenchConfig,
         finish,
+        parse_backends,
         parse_systems,
         parse_tuning,
         run_bench,
@@ -312,10 +320,15 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
         tuning = parse_tuning(tune)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--tune") from None
+    try:
+        chosen_backends = parse_backends(backends)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--backend") from None
     name = Path(model).name.removesuffix(".json") or "model"
     config = BenchConfig(model=model, points=_bench_points(context, gen, points),
                          out=Path(out_dir or f"bench-{name}"), systems=chosen, weights=weights,
                          seed=seed, tp=tp, device=device, profile=profile, tuning=tuning,
+                         backends=chosen_backends, artifacts=tuple(map(Path, artifacts)),
                          command=" ".join(["tilertc", *sys.argv[1:]]))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables to 80 columns

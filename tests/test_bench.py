@@ -25,10 +25,13 @@ from tilertc.bench import (
     BenchError,
     check_model,
     finish,
+    parse_backends,
     parse_points,
     parse_systems,
     parse_tuning,
     prediction,
+    quiet_phase,
+    resolve_artifacts,
     run_gate,
 )
 from tilertc.bench_gate import GateFailure, check_decode, clear_margins
@@ -133,7 +136,7 @@ def test_prediction_uses_the_artifact_schedule_at_the_point_context() -> None:
 def test_report_json_schema(tmp_path: Path) -> None:
     report = synthetic_report([synthetic_point(Prediction(1.1, 0.9, 1536))])
     d = json.loads(json.dumps(report.to_dict()))
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
     for key in ("tilertc_version", "created", "command", "model", "artifact", "device",
                 "weights", "ceiling", "gate", "points", "profile"):
         assert key in d
@@ -355,6 +358,32 @@ def test_parse_points_systems_tuning() -> None:
         parse_tuning(("warps=16",))
 
 
+def test_parse_backends() -> None:
+    assert parse_backends("cuda, tilelang,cuda") == ("cuda", "tilelang")
+    with pytest.raises(ValueError, match="unknown backend"):
+        parse_backends("triton")
+
+
+def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
+    config = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out")
+    ((name, main_dir),) = resolve_artifacts(check_model(config), config, quiet_phase)
+    assert name == "tilertc" and main_dir == tmp_path / "out" / "artifact"
+    # the same model prebuilt elsewhere joins as a second kernel; another model is refused
+    extra = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "extra")
+    (_, extra_dir), = resolve_artifacts(check_model(extra), extra, quiet_phase)
+    both = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(extra_dir,))
+    kernels = resolve_artifacts(check_model(both), both, quiet_phase)
+    assert [n for n, _ in kernels] == ["tilertc", "tilertc-cuda"]
+    other = BenchConfig("qwen3-tiny", ((64, 32),), tmp_path / "qwen")
+    (_, other_dir), = resolve_artifacts(check_model(other), other, quiet_phase)
+    mixed = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(other_dir,))
+    with pytest.raises(BenchError, match="holds qwen3-tiny, not the benchmarked model"):
+        resolve_artifacts(check_model(mixed), mixed, quiet_phase)
+    # an artifact directory as MODEL keeps its backend
+    with pytest.raises(BenchError, match="add more with --artifact"):
+        check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path, backends=("tilelang",)))
+
+
 def test_check_model_refuses_a_context_beyond_the_model() -> None:
     config = BenchConfig("llama-tiny", ((4096, 1024),), Path("unused"))
     with pytest.raises(BenchError, match="max_position_embeddings"):
@@ -365,7 +394,7 @@ def test_help_names_every_option() -> None:
     result = cli("bench", "--help")
     assert result.exit_code == 0
     for option in ("--context", "--gen", "--points", "--systems", "--tp", "--weights", "--out",
-                   "--profile", "--device", "--tune"):
+                   "--profile", "--device", "--tune", "--backend", "--artifact"):
         assert option in result.output
 
 
@@ -375,6 +404,7 @@ def test_help_names_every_option() -> None:
     (["--points", "1k"], "CONTEXT/GEN"),
     (["--gen", "1"], "--gen"),
     (["--tune", "page_kb=big"], "KNOB=INTEGER"),
+    (["--backend", "cuda,triton"], "unknown backend(s) triton"),
 ])
 def test_argument_errors(args: list[str], message: str) -> None:
     result = cli("bench", "llama-tiny", *args)
@@ -422,6 +452,22 @@ def test_bench_end_to_end_on_gpu(tmp_path: Path) -> None:
     assert point["prediction"]["step_ms"] > 0
     if importlib.util.find_spec("matplotlib") is not None:
         assert is_png(tmp_path / "bench.png")
+
+
+@pytest.mark.gpu
+def test_bench_times_every_kernel_after_its_gate(tmp_path: Path) -> None:
+    prebuilt = tmp_path / "prebuilt"
+    assert cli("compile", "llama-tiny", "-o", str(prebuilt), "--max-seq-len", "128").exit_code == 0
+    result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--systems", "tilertc",
+                 "--artifact", str(prebuilt), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    d = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert set(d["kernels"]) == {"tilertc", "tilertc-cuda"}
+    assert all(k["gate"]["passed"] for k in d["kernels"].values())
+    (point,) = d["points"]
+    systems = {s["name"]: s for s in point["systems"]}
+    assert list(systems) == ["tilertc", "tilertc-cuda"]
+    assert systems["tilertc"]["speedup_vs"]["tilertc-cuda"] > 0
 
 
 @pytest.mark.gpu
