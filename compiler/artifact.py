@@ -161,20 +161,25 @@ def model_spec(m: dict[str, Any]) -> ModelSpec:
     return spec_from_hf_config(m["model"]["hf_config"], m["model"]["name"])
 
 
-def weight_shapes(graph: Graph) -> dict[str, tuple[int, ...]]:
-    """{Hugging Face name: shape} of every weight a decode-step graph reads."""
-    return {t.hf_name: tuple(t.shape) for t in graph.weights()}
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "fp32": torch.float32}
+ExpectedWeights = dict[str, tuple[tuple[int, ...], torch.dtype]]
 
 
-def expected_weights(m: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def weight_table(graph: Graph) -> ExpectedWeights:
+    """{Hugging Face name: (shape, dtype)} of every weight a decode-step graph reads (with FP8
+    weights: the e4m3 weights and their fp32 `weight_scale_inv`)."""
+    return {t.hf_name: (tuple(t.shape), TORCH_DTYPES[t.dtype]) for t in graph.weights()}
+
+
+def expected_weights(m: dict[str, Any]) -> ExpectedWeights:
     """The weights an artifact needs, by Hugging Face name; computed on the CPU."""
-    return weight_shapes(build_graph(model_spec(m), m["max_seq_len"]))
+    return weight_table(build_graph(model_spec(m), m["max_seq_len"]))
 
 
-def check_weights(weights: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]]) -> None:
-    """Every expected tensor present, with its shape, in bf16; extra tensors are ignored (HF
+def check_weights(weights: dict[str, torch.Tensor], expected: ExpectedWeights) -> None:
+    """Every expected tensor present, with its shape and dtype; extra tensors are ignored (HF
     checkpoints carry some the decode step does not read)."""
-    for name, shape in expected.items():
+    for name, (shape, dtype) in expected.items():
         if name not in weights:
             raise WeightMismatch(f"weight {name!r} is missing (the artifact needs shape "
                                  f"{list(shape)})")
@@ -182,8 +187,8 @@ def check_weights(weights: dict[str, torch.Tensor], expected: dict[str, tuple[in
         if tuple(w.shape) != tuple(shape):
             raise WeightMismatch(f"weight {name!r} has shape {list(w.shape)}, the artifact needs "
                                  f"{list(shape)}")
-        if w.dtype != torch.bfloat16:
-            raise WeightMismatch(f"weight {name!r} is {w.dtype}, the artifact needs torch.bfloat16")
+        if w.dtype != dtype:
+            raise WeightMismatch(f"weight {name!r} is {w.dtype}, the artifact needs {dtype}")
 
 
 def check_capacity(position: int, prompt_len: int, max_new_tokens: int, capacity: int) -> None:

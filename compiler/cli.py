@@ -9,6 +9,7 @@ from rich.console import Console
 from tilertc.driver import BACKENDS
 from tilertc.ir.target import TARGETS, get_target
 from tilertc.model_specs import ModelSpec, SpecError, load_spec
+from tilertc.model_specs.hf import WEIGHT_DTYPES, with_weight_dtype
 
 
 @click.group()
@@ -81,6 +82,12 @@ def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
     return max_seq_len
 
 
+WEIGHT_DTYPE = click.option(
+    "--weight-dtype", type=click.Choice(WEIGHT_DTYPES), default=None,
+    help="Projection weights: fp8 (e4m3, one fp32 scale per 128x128 block; dense models) or "
+    "bf16 [default: the config's own, bf16 unless it has an FP8 quantization_config].")
+
+
 @main.command("compile")
 @click.argument("model")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -93,10 +100,12 @@ def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
               help="KV-cache capacity in positions [default: max positions, at most 4096].")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key before validation (repeatable).")
+@WEIGHT_DTYPE
 @click.option("--lineinfo", is_flag=True,
               help="Keep source lines in the cubin (for compute-sanitizer and Nsight).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
-                    max_seq_len: int | None, overrides: tuple[str, ...], lineinfo: bool) -> None:
+                    max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
+                    lineinfo: bool) -> None:
     """Compile MODEL into one persistent CUDA kernel and write an artifact directory.
 
     MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
@@ -111,7 +120,8 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     options = CompileOptions(target=target.lower(), backend=backend,
-                             max_seq_len=kv_capacity(spec, max_seq_len), lineinfo=lineinfo)
+                             max_seq_len=kv_capacity(spec, max_seq_len), weight_dtype=weight_dtype,
+                             lineinfo=lineinfo)
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
@@ -126,7 +136,8 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
 @click.argument("artifact", type=click.Path(exists=True, file_okay=False))
 @click.option("--weights", type=click.Path(exists=True),
               help="Hugging Face model directory or .safetensors file.")
-@click.option("--random-weights", is_flag=True, help="Random bf16 weights instead of --weights.")
+@click.option("--random-weights", is_flag=True,
+              help="Random weights (in the artifact's formats) instead of --weights.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random-weights.")
 @click.option("--prompt", help="Prompt text (needs a tokenizer next to --weights).")
 @click.option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3.")
@@ -223,8 +234,10 @@ def run_command(artifact: str, weights: str | None, random_weights: bool, seed: 
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON dict.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key before validation (repeatable).")
+@WEIGHT_DTYPE
 def explain_command(model: str, target: str, tp: int, max_seq_len: int | None,
-                    all_layers: bool, as_json: bool, overrides: tuple[str, ...]) -> None:
+                    all_layers: bool, as_json: bool, overrides: tuple[str, ...],
+                    weight_dtype: str | None) -> None:
     """Explain the schedule of MODEL: per fused op its tile, tasks, SMs, pipeline depth,
     residency, roles and predicted time; the predicted latency; every decision.
 
@@ -233,7 +246,7 @@ def explain_command(model: str, target: str, tp: int, max_seq_len: int | None,
     from tilertc.explain import explain, print_explanation
 
     try:
-        spec = load_spec(model, parse_overrides(overrides))
+        spec = with_weight_dtype(load_spec(model, parse_overrides(overrides)), weight_dtype)
         ex = explain(spec, target.lower(), tp, kv_capacity(spec, max_seq_len), not all_layers)
     except (SpecError, ValueError) as e:  # ScheduleError is a ValueError
         raise click.ClickException(str(e)) from None

@@ -19,10 +19,12 @@ import numpy as np
 from tilertc.artifact import ARTIFACT_FORMAT
 from tilertc.backends.cuda import codegen, encode
 from tilertc.ir.graph import TensorKind
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
+from tilertc.passes.tiling import weight_row_bytes
 
 BACKENDS = ("cuda", "tilelang")
 
@@ -38,6 +40,9 @@ class CompileOptions:
     compute_warps: int | None = None  # None: the roles pass decides
     page_kb: int | None = None  # None: the residency pass decides
     page_groups: int | None = None  # None: the roles pass decides
+    # Projection weights: "fp8" (e4m3, 128x128 block scales) or "bf16"; None: the model
+    # config's own format (bf16 unless it has an FP8 quantization_config).
+    weight_dtype: str | None = None
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -58,11 +63,24 @@ def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:
 
 
 def _weight_layout(program: Program) -> list[dict[str, Any]]:
+    """Per task with weights: where its rows go and which checkpoint rows they are; for FP8
+    rows also each segment's scale tensor, the block and the packed bytes of one row."""
     g = program.graph
-    return [{"offset": t.weight_offset, "bytes": t.weight_bytes,
-             "interleave": bool(g.op(t.op).attrs.get("interleave")),
-             "segments": [[g.tensors[s.tensor].hf_name, s.row0, s.row1] for s in t.segments]}
-            for t in program.tasks if t.weight_bytes]
+    layout = []
+    for t in program.tasks:
+        if not t.weight_bytes:
+            continue
+        ws = [g.tensors[s.tensor] for s in t.segments]
+        entry = {"offset": t.weight_offset, "bytes": t.weight_bytes,
+                 "interleave": bool(g.op(t.op).attrs.get("interleave")),
+                 "format": ws[0].dtype,
+                 "segments": [[w.hf_name, s.row0, s.row1]
+                              for w, s in zip(ws, t.segments, strict=True)]}
+        if "scale_inv" in ws[0].attrs:
+            entry.update(scales=[g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
+                         block=list(ws[0].attrs["block"]), row_bytes=weight_row_bytes(ws[0]))
+        layout.append(entry)
+    return layout
 
 
 def manifest(program: Program, options: CompileOptions, consts: dict[str, object],
@@ -131,6 +149,7 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
         from tilertc.backends.tilelang.requirement import load_tilelang
 
         load_tilelang()
+    spec = with_weight_dtype(spec, options.weight_dtype)
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,13 +28,14 @@ from tilertc.artifact import (
     model_spec,
     read_cubin,
     read_manifest,
-    weight_shapes,
+    weight_table,
 )
 from tilertc.ir.build import build_graph
+from tilertc.ir.fp8 import pack_rows
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.rope import cos_sin
 from tilertc.ir.sampling import SamplingParams
-from tilertc.ir.weights import WeightSource, load_state_dict, random_weights
+from tilertc.ir.weights import WeightSource, load_state_dict, quantize_unscaled, random_weights
 
 __all__ = [
     "ArtifactError",
@@ -56,23 +57,26 @@ ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weig
 
 def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
                  device: torch.device) -> torch.Tensor:
-    """The packed bf16 weight buffer of a manifest's `weights` entry: each task's rows at its
-    offset, gate/up pairs interleaved row by row (docs/artifact.md)."""
-    packed = torch.empty(layout["packed_bytes"] // 2, dtype=torch.bfloat16, device=device)
+    """The packed weight buffer (bytes) of a manifest's `weights` entry: each task's rows at its
+    offset, gate/up pairs interleaved row by row, FP8 rows followed by their block scales
+    (docs/artifact.md)."""
+    packed = torch.zeros(layout["packed_bytes"], dtype=torch.uint8, device=device)
     # Only the tensors the current entry reads stay on the device, which keeps packing memory
     # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
     # say) come together and a tensor is uploaded about once.
     on_dev: dict[str, torch.Tensor] = {}
     for entry in sorted(layout["layout"], key=lambda e: [seg[0] for seg in e["segments"]]):
-        names = {seg[0] for seg in entry["segments"]}
+        scales = entry.get("scales", [None] * len(entry["segments"]))
+        names = {seg[0] for seg in entry["segments"]} | set(scales) - {None}
         for name in set(on_dev) - names:
             del on_dev[name]
         for name in names - set(on_dev):
             on_dev[name] = weights[name].to(device)
-        parts = [on_dev[name][r0:r1] for name, r0, r1 in entry["segments"]]
-        block = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
-        off = entry["offset"] // 2
-        packed[off : off + block.numel()] = block.reshape(-1)
+        parts = [pack_rows(on_dev[name], on_dev[scale], r0, r1, tuple(entry["block"])) if scale
+                 else on_dev[name][r0:r1].view(torch.uint8)
+                 for (name, r0, r1), scale in zip(entry["segments"], scales, strict=True)]
+        rows = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
+        packed[entry["offset"] : entry["offset"] + rows.numel()] = rows.reshape(-1)
     return packed
 
 
@@ -114,7 +118,8 @@ class Engine:
         self.artifact, self.m, self.device = artifact, manifest, device
         self.spec = model_spec(manifest)
         self.graph = build_graph(self.spec, manifest["max_seq_len"])
-        check_weights(weights, weight_shapes(self.graph))
+        weights = quantize_unscaled(self.graph, weights)
+        check_weights(weights, weight_table(self.graph))
         self.weights = weights
         self.max_seq_len = manifest["max_seq_len"]
         self.watchdog_ns = int(watchdog_s * 1e9)
@@ -134,8 +139,9 @@ class Engine:
         random_seed: int | None = None,
         watchdog_s: float = 5.0,
     ) -> Engine:
-        """Load `artifact` with `weights` (HF state dict or safetensors path), or random bf16
-        weights drawn with `random_seed` when `weights` is None."""
+        """Load `artifact` with `weights` (HF state dict or safetensors path), or random weights
+        drawn with `random_seed` when `weights` is None. An FP8 artifact takes an FP8 checkpoint
+        (e4m3 weights with their `weight_scale_inv`) or a bf16 one, quantized at load."""
         path = Path(artifact)
         m = read_manifest(path)
         dev = torch.device(device)

@@ -65,3 +65,24 @@ def quantize(weight: torch.Tensor, block: tuple[int, int],
     scaled = w / expand_blocks(scale_inv, (rows, cols), block)
     q = scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
     return q, scale_inv
+
+
+def packed_row_bytes(k: int, block_cols: int) -> int:
+    """Bytes of one weight row of k columns as the kernel streams it: its k e4m3 values, then
+    the ceil(k / block_cols) fp32 scales of its block row, padded to 16 bytes. Values and scales
+    side by side let one bulk copy bring both; the padding keeps every row of a ring page on
+    the 16-byte boundaries bulk copies need."""
+    return -(-(k + 4 * math.ceil(k / block_cols)) // 16) * 16
+
+
+def pack_rows(weight: torch.Tensor, scale_inv: torch.Tensor, row0: int, row1: int,
+              block: tuple[int, int]) -> torch.Tensor:
+    """Rows [row0, row1) of an e4m3 weight with their block scales, in the layout of
+    `packed_row_bytes`: uint8 [row1 - row0, packed_row_bytes(k, block[1])], zero padding."""
+    n, k = row1 - row0, weight.shape[1]
+    out = torch.zeros(n, packed_row_bytes(k, block[1]), dtype=torch.uint8, device=weight.device)
+    out[:, :k] = weight[row0:row1].view(torch.uint8)
+    block_rows = torch.arange(row0, row1, device=scale_inv.device) // block[0]
+    scales = scale_inv[block_rows].float().contiguous()  # [n, ceil(k / block_cols)]
+    out[:, k:k + 4 * scales.shape[1]] = scales.view(torch.uint8).to(weight.device)
+    return out

@@ -57,3 +57,20 @@ def random_weights(
         else:
             out[t.hf_name] = w.to(dtype)
     return out
+
+
+def quantize_unscaled(graph, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`weights` with each FP8 weight of `graph` that they hold in bf16, fp16 or fp32, without
+    its `weight_scale_inv`, quantized here with its block scales (`ir/fp8.py: quantize`), so
+    that a bf16 checkpoint runs as the FP8 model. Anything else is left for the caller's
+    checks to judge (an e4m3 weight without its scales is an error, not something to guess)."""
+    ue8m0 = graph.attrs.get("weight_format", {}).get("scale_fmt") == "ue8m0"
+    out = dict(weights)
+    for t in graph.weights():
+        if "scale_inv" not in t.attrs:
+            continue
+        w, scale = weights.get(t.hf_name), graph.tensors[t.attrs["scale_inv"]].hf_name
+        if w is not None and w.dtype in (torch.bfloat16, torch.float16, torch.float32) and \
+                scale not in weights and tuple(w.shape) == t.shape:
+            out[t.hf_name], out[scale] = quantize(w, tuple(t.attrs["block"]), ue8m0)
+    return out

@@ -117,6 +117,27 @@ def weight_format(r: ConfigReader) -> WeightFormat:
     return WeightFormat("fp8_e4m3", FP8_BLOCK, scale_fmt)
 
 
+WEIGHT_DTYPES = ("bf16", "fp8")
+# The quantization_config of a DeepSeek-V3-style FP8 checkpoint, as `weight_format` reads it.
+FP8_QUANTIZATION = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                    "weight_block_size": list(FP8_BLOCK)}
+
+
+def with_weight_dtype(spec: ModelSpec, dtype: str | None) -> ModelSpec:
+    """`spec` with its projection weights in `dtype`: "fp8" gives its config the FP8
+    quantization_config above (a config that already has one keeps it), "bf16" drops it, None
+    keeps the config's own format. The change is made to the config and parsed again, so the
+    result is the spec of that config (the artifact keeps the config and rebuilds from it)."""
+    if dtype not in (None, *WEIGHT_DTYPES):
+        raise SpecError(f"weight dtype {dtype!r} is not one of {', '.join(WEIGHT_DTYPES)}")
+    if dtype is None or (dtype == "fp8") == spec.weight_format.is_fp8:
+        return spec
+    cfg = {k: v for k, v in spec.hf_config.items() if k != "quantization_config"}
+    if dtype == "fp8":
+        cfg["quantization_config"] = dict(FP8_QUANTIZATION)
+    return spec_from_hf_config(cfg, spec.name, f"{spec.name} with {dtype} weights")
+
+
 def dense_fields(r: ConfigReader) -> dict[str, Any]:
     """Fields every family shares (their consistency is checked by `validate`)."""
     h = r.get("hidden_size", int, positive=True)

@@ -125,22 +125,31 @@ def fuse(program: Program) -> Program:
     return program
 
 
+def _operands(g: Graph, op: Op) -> list[str]:
+    """A linear's inputs without the block scales of an FP8 weight. The scales are packed into
+    the weight's rows (passes/packing.py), so a fused op names only the weight, whose
+    `scale_inv` attr leads to them."""
+    scales = {g.tensors[i].attrs.get("scale_inv") for i in op.inputs}
+    return [i for i in op.inputs if i not in scales]
+
+
 def _fuse_residual(f: Fusion, op: Op) -> None:
     users = f.consumers(op.outputs[0])
-    if len(users) != 1 or users[0].opcode != "add" or len(op.inputs) != 2:
+    ins = _operands(f.g, op)
+    if len(users) != 1 or users[0].opcode != "add" or len(ins) != 2:
         raise ScheduleError(f"op {op.name!r}: a linear not followed by a residual add has "
                             "no fused form in this backend")
     add = users[0]
     res = next(t for t in add.inputs if t != op.outputs[0])
-    k = f.g.tensors[op.inputs[1]].shape[1]
-    f.emit(op.name, "matvec_add", [op.inputs[0], op.inputs[1], res], list(add.outputs),
-           op.layer, [op, add], K=k, rows=f.g.tensors[op.inputs[1]].shape[0])
+    k = f.g.tensors[ins[1]].shape[1]
+    f.emit(op.name, "matvec_add", [ins[0], ins[1], res], list(add.outputs),
+           op.layer, [op, add], K=k, rows=f.g.tensors[ins[1]].shape[0])
 
 
 def _fuse_norm(f: Fusion, norm: Op) -> None:
     g = f.g
     linears = f.consumers(norm.outputs[0])
-    if not linears or any(op.opcode != "linear" or len(op.inputs) != 2 for op in linears):
+    if not linears or any(op.opcode != "linear" or len(_operands(g, op)) != 2 for op in linears):
         raise ScheduleError(f"op {norm.name!r}: rms_norm must feed bias-free linears to be fused")
     weights = [op.inputs[1] for op in linears]
     k = g.tensors[weights[0]].shape[1]

@@ -14,9 +14,8 @@ its slot's expert at a computed offset; a task's static part (the shared expert'
 
 from __future__ import annotations
 
-from tilertc.ir.graph import DTYPE_BYTES
 from tilertc.passes.program import Program, Task
-from tilertc.passes.tiling import ROUTED
+from tilertc.passes.tiling import ROUTED, weight_row_bytes
 
 PACK_ALIGN = 128  # bytes; bulk copies need 16, 128 keeps every task on its own cache lines
 
@@ -24,8 +23,7 @@ PACK_ALIGN = 128  # bytes; bulk copies need 16, 128 keeps every task on its own 
 def static_bytes(program: Program, t: Task) -> int:
     """Bytes of the weight rows a task reads that are known before the run (its segments)."""
     tensors = program.graph.tensors
-    return sum((s.row1 - s.row0) * tensors[s.tensor].shape[1] * DTYPE_BYTES[tensors[s.tensor].dtype]
-               for s in t.segments)
+    return sum((s.row1 - s.row0) * weight_row_bytes(tensors[s.tensor]) for s in t.segments)
 
 
 def pack(program: Program) -> Program:
@@ -47,4 +45,10 @@ def pack(program: Program) -> Program:
                        f"; routed experts: {expert_bytes / 2**20:.1f} MB after it, expert-major, "
                        "read at the offset of the expert a slot is routed to"
                        if expert_bytes else ""))
+    fmt = program.spec.weight_format
+    if fmt.is_fp8:
+        program.decide("packing", f"FP8 rows: a row's K e4m3 bytes, then the fp32 scales of "
+                       f"its {fmt.block[1]}-column blocks (of its {fmt.block[0]}-row block row), "
+                       "padded to 16 B, so that one bulk copy brings a page's values and scales "
+                       "together; lm_head stays bf16")
     return program

@@ -24,14 +24,23 @@ with probability top_k / (tp x slots), which is what their bytes are counted at.
 
 from __future__ import annotations
 
-from tilertc.ir.graph import DTYPE_BYTES
-from tilertc.passes.program import Program, Task, WeightSegment
+from tilertc.ir.fp8 import packed_row_bytes
+from tilertc.ir.graph import DTYPE_BYTES, Tensor
+from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
 
 MAX_ATTENTION_CHUNKS = 32
 MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
 MATVEC = ("norm_matvec", "matvec_add", "head_matvec")
 ROUTED = ("moe_gate_up", "moe_down_add")
+
+
+def weight_row_bytes(w: Tensor) -> int:
+    """Bytes of one packed row of weight `w`: its bf16 values, or its FP8 values followed by
+    the block scales of its row (`ir/fp8.py: packed_row_bytes`)."""
+    if "scale_inv" in w.attrs:
+        return packed_row_bytes(w.shape[1], w.attrs["block"][1])
+    return w.shape[1] * DTYPE_BYTES[w.dtype]
 
 
 def row_bytes(program: Program, op) -> int:
@@ -43,7 +52,12 @@ def row_bytes(program: Program, op) -> int:
         return op.attrs["K"] * DTYPE_BYTES[g.tensors[down].dtype]
     ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5]}.get(op.opcode,
                                                                            [op.inputs[1]])
-    per = [g.tensors[w].shape[1] * DTYPE_BYTES[g.tensors[w].dtype] for w in ws]
+    # One format per op: a task's rows are all read by one variant of the kernel's dot product.
+    formats = sorted({g.tensors[w].dtype for w in ws})
+    if len(formats) > 1:
+        raise ScheduleError(f"op {op.name!r}: its weights mix formats {formats}; a fused "
+                            "matrix-vector op streams rows of one format")
+    per = [weight_row_bytes(g.tensors[w]) for w in ws]
     return sum(per) if op.attrs.get("interleave") else per[0]
 
 

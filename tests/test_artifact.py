@@ -19,6 +19,7 @@ import tilertc
 from tilertc.artifact import (
     REQUIRED_KEYS,
     ArtifactError,
+    ExpectedWeights,
     WeightMismatch,
     check_artifact,
     check_capacity,
@@ -190,9 +191,9 @@ def test_engine_without_gpu_is_a_clear_error(built: Path) -> None:
 
 # -- the weights ----------------------------------------------------------------------------
 @pytest.fixture
-def weights(built: Path) -> tuple[dict[str, torch.Tensor], dict[str, tuple[int, ...]]]:
+def weights(built: Path) -> tuple[dict[str, torch.Tensor], ExpectedWeights]:
     expected = expected_weights(read_manifest(built))
-    return {name: torch.zeros(shape, dtype=torch.bfloat16) for name, shape in expected.items()}, \
+    return {name: torch.zeros(shape, dtype=dtype) for name, (shape, dtype) in expected.items()}, \
         expected
 
 
@@ -256,7 +257,7 @@ def test_packed_weights_follow_the_task_table(tmp_path: Path) -> None:
     built = compile(spec, tmp_path, CompileOptions(max_seq_len=SEQ))
     m = read_manifest(built)
     weights = random_weights(tilertc.build_graph(spec, m["max_seq_len"]), seed=5)
-    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    packed = pack_weights(m["weights"], weights, torch.device("cpu")).view(torch.bfloat16)
     tasks = np.load(built / "schedule.npz")["tasks"]
     f = {name: i for i, name in enumerate(FIELDS)}
     entries = {e["offset"]: e for e in m["weights"]["layout"]}

@@ -9,6 +9,9 @@ Sampling (temperature, top-k, top-p): the kernel's token at every step must be t
 ir/sampling.py's reference draws from the kernel's own logits of that step, with the same seed
 and position, wherever the reference's choice is not within rounding of a tie; the token loop
 must again equal single steps, and seeds must reproduce.
+
+FP8 (`weight_dtype="fp8"`): the same teacher-forced check and token loop, the interpreter
+running the same e4m3 weights and block scales.
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_teacher_forced_logits_match_interpreter(engine: Engine) -> None:
+    check_teacher_forced(engine)
+
+
+def check_teacher_forced(engine: Engine) -> None:
+    """The kernel's logits step by step against the interpreter's with the engine's weights
+    (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32)."""
     gen = torch.Generator().manual_seed(7)
     vocab = engine.spec.vocab_size
     prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
@@ -76,6 +85,39 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
         tok, _ = engine.step(tok)
         stepped.append(tok)
     assert looped == stepped
+
+
+FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]
+
+
+@pytest.fixture(scope="module", params=FP8_MODELS)
+def fp8_engine(request, tmp_path_factory) -> Engine:
+    spec = tilertc.load_spec(request.param)
+    out = compile(spec, tmp_path_factory.mktemp(f"{request.param}-fp8"),
+                  CompileOptions(max_seq_len=512, weight_dtype="fp8"))
+    return Engine.load(out, random_seed=1234)
+
+
+def test_fp8_teacher_forced_logits_match_interpreter(fp8_engine: Engine) -> None:
+    assert fp8_engine.m["kernel"]["constants"]["WEIGHT_FP8"] == 1
+    check_teacher_forced(fp8_engine)
+
+
+def test_fp8_token_loop_equals_single_steps(fp8_engine: Engine) -> None:
+    test_token_loop_equals_single_steps(fp8_engine)
+
+
+def test_fp8_artifact_runs_a_bf16_checkpoint_quantized_at_load(tmp_path) -> None:
+    """bf16 weights given to an FP8 artifact are quantized at load; the kernel then matches the
+    interpreter on those quantized weights."""
+    from tilertc.ir.weights import random_weights
+
+    spec = tilertc.load_spec("llama-tiny-odd")
+    out = compile(spec, tmp_path, CompileOptions(max_seq_len=512, weight_dtype="fp8"))
+    bf16 = random_weights(tilertc.build_graph(spec, 512), seed=99)
+    engine = Engine.load(out, weights=bf16)
+    assert engine.weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    check_teacher_forced(engine)
 
 
 def test_eos_stops_the_loop(engine: Engine) -> None:

@@ -50,6 +50,10 @@ def constants(program: Program) -> dict[str, object]:
     if hd % 2:
         raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
     lm = next(op for op in program.graph.ops() if op.attrs.get("epilogue") == "argmax").attrs
+    fmt = spec.weight_format
+    # The FP8 dot product is compiled only into kernels that stream FP8 rows, so that a bf16
+    # kernel's code is what it was without it.
+    fp8 = {"FP8_BLOCK_COLS": fmt.block[1]} if fmt.is_fp8 else {}
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -72,6 +76,8 @@ def constants(program: Program) -> dict[str, object]:
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),
         "SAMPLE_ROW_BITS": row_bits(spec.vocab_size),
+        "WEIGHT_FP8": int(fmt.is_fp8),
+        **fp8,
     }
 
 

@@ -8,6 +8,9 @@
 // constants (HIDDEN, HEAD_DIM, ...) and the ring geometry before this file is included.
 #include <cuda_bf16.h>
 #include <stdint.h>
+#if WEIGHT_FP8
+#include <cuda_fp8.h>
+#endif
 
 namespace tilertc {
 
@@ -17,8 +20,9 @@ enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
   F_OPCODE, F_EPILOGUE, F_ROW0, F_ROW1, F_K, F_IN, F_OUT, F_AUX, F_AUX2, F_W_LO, F_W_HI,
   F_ROW_BYTES, F_WAIT0, F_WAIT0_N, F_WAIT1, F_WAIT1_N, F_SIGNAL, F_KCACHE, F_VCACHE, F_EPS,
-  F_SCALE, F_COUNT, F_CHUNK, F_ARRIVE, F_AUX3, F_PAD, TASK_FIELDS
+  F_SCALE, F_COUNT, F_CHUNK, F_ARRIVE, F_AUX3, F_W_FORMAT, TASK_FIELDS
 };
+enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1 };  // F_W_FORMAT of a matrix-vector task
 constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
 
 // ---- kernel parameters: 8-byte words, laid out by backends/cuda/runtime.py ---------------
@@ -588,9 +592,10 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
 // weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
 // share each row, each taking a contiguous segment of it, so that every warp has work even
-// when a page holds fewer rows than there are warps. Lanes read 16-byte pieces; fp32
-// accumulation; the segments' sums meet in shared memory and the epilogue runs per row at the
-// end of the task.
+// when a page holds fewer rows than there are warps; segments are counted in groups of 8
+// columns, whatever the weights' format. Weights are bf16, or (WEIGHT_FP8, per task) e4m3 with
+// block scales, dequantized in the dot product; fp32 accumulation; the segments' sums meet in
+// shared memory and the epilogue runs per row at the end of the task.
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   const int k4 = t[F_K] / 4;
   const bool norm = t[F_OPCODE] == OP_NORM_MATVEC;
@@ -658,6 +663,57 @@ __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int
   return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
+#if WEIGHT_FP8
+// FP8 rows (ir/fp8.py: packed_row_bytes): k e4m3 bytes, then one fp32 scale per FP8_BLOCK_COLS
+// columns (the row's block row of weight_scale_inv), padded to 16 bytes.
+static_assert(FP8_BLOCK_COLS % 4 == 0, "a lane's 4 columns must lie in one scale block");
+
+// acc + scale x the dot product of 4 e4m3 weights (4 bytes) with 4 fp32 inputs. The pairs
+// convert to f16x2 in one instruction, exactly (every e4m3 value is an f16 value); the block
+// scale multiplies the 4-term sum, not each weight.
+__device__ __forceinline__ float dot4_fp8(uint32_t q, const float4 a, float scale, float acc) {
+  const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(q & 0xffffu), __NV_E4M3)));
+  const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+      static_cast<__nv_fp8x2_storage_t>(q >> 16), __NV_E4M3)));
+  float d = w0.x * a.x;
+  d = fmaf(w0.y, a.y, d);
+  d = fmaf(w1.x, a.z, d);
+  d = fmaf(w1.y, a.w, d);
+  return fmaf(d, scale, acc);
+}
+
+// dot_segment for an FP8 row of k columns: the same 8-column groups [begin, end), the same
+// four sums. Lanes take the row's 4-byte quarters in turn, so that a warp's loads stay
+// contiguous: 128 B of weights and 512 B of x (8 bytes a lane would read x at a 32-byte
+// stride). A quarter's columns share one scale; a warp's lanes read at most two of them.
+__device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, const float* x, int begin, int end,
+                                                 int lane) {
+  constexpr int QUARTERS_PER_BLOCK = FP8_BLOCK_COLS / 4;
+  const uint32_t* wq = reinterpret_cast<const uint32_t*>(row);
+  const float* scale = reinterpret_cast<const float*>(row + k);
+  const float4* xq = reinterpret_cast<const float4*>(x);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int i = 2 * begin + lane;
+  const int stop = 2 * end;
+  for (; i + 96 < stop; i += 128) {
+    uint32_t q[4];
+    float4 a[4];
+    float sc[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      q[u] = wq[i + 32 * u];
+      a[u] = xq[i + 32 * u];
+      sc[u] = scale[(i + 32 * u) / QUARTERS_PER_BLOCK];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc[u] = dot4_fp8(q[u], a[u], sc[u], acc[u]);
+  }
+  for (; i < stop; i += 32) acc[0] = dot4_fp8(wq[i], xq[i], scale[i / QUARTERS_PER_BLOCK], acc[0]);
+  return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+#endif
+
 // Pages are dealt round-robin to PAGE_GROUPS groups of warps, so that the latency of one page
 // (wait, loads, reductions, release) overlaps with the others' instead of adding up.
 constexpr int GROUP_WARPS = COMPUTE_WARPS / PAGE_GROUPS;
@@ -715,6 +771,9 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const bool add = t[F_OPCODE] == OP_MATVEC_ADD;
   const float res = add && ct < rows ? __ldcg(p.act + t[F_AUX] + row0 + ct) : 0.f;  // prefetched
   stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+#if WEIGHT_FP8
+  const bool fp8 = t[F_W_FORMAT] == WF_FP8;
+#endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
   uint32_t page_index = consumed;
@@ -727,7 +786,12 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
       for (int h = 0; h < halves; ++h) {
+#if WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
+        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, s.vec, begin, end, lane)
+                            : dot_segment(w + h * k8, s.vec, begin, end, lane);
+#else
         const float y = dot_segment(w + h * k8, s.vec, begin, end, lane);
+#endif
         if (lane == 0) {
           if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
           else atomicAdd(&s.acc[(r + rr) * halves + h], y);

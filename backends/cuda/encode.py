@@ -13,6 +13,7 @@ from tilertc.passes.program import Program, ScheduleError, Task
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4}
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
+WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
 FIELDS = (
     "opcode",
     "epilogue",
@@ -39,7 +40,7 @@ FIELDS = (
     "chunk",
     "arrive",
     "aux3",
-    "pad",
+    "w_format",
 )
 LAG_SHIFT = 24
 INT32_MAX = 2**31 - 1
@@ -79,6 +80,7 @@ def encode_task(program: Program, t: Task) -> list[int]:
             epilogue=EPILOGUES[a.get("epilogue", "none")],
             k=a["K"],
             row_bytes=row_bytes(program, op),
+            w_format=WEIGHT_FORMATS[program.graph.tensors[t.segments[0].tensor].dtype],
             w_lo=(t.weight_offset // 16) & 0xFFFFFFFF,
             w_hi=(t.weight_offset // 16) >> 32,
             **{"in": _offset(program, op.inputs[0])},

@@ -1,0 +1,65 @@
+// The FP8 dot product of backends/cuda/decode.cuh (dot4_fp8, dot_segment_fp8), run on the host
+// (tests/test_fp8_kernel.py).
+//
+// The test extracts the kernel's FP8 section into fp8_extract.inc and compiles this file with
+// -DFP8_BLOCK_COLS=... and the CUDA include directory: cuda_fp8.h converts e4m3 on the host as
+// well, so the conversion is NVIDIA's, not a stand-in. The 32 lanes of a warp are threads;
+// warp_sum meets them at a barrier. Input on stdin, binary, per case: int32 k, begin, end, then
+// the packed row (ir/fp8.py: packed_row_bytes(k) bytes) and k float32 inputs. Output: one line
+// per case, the float32 bits of the warp's sum, or "lanes differ" if the lanes disagree.
+#include <cuda_fp8.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+static std::barrier<> warp_barrier(32);
+static float lane_values[32];
+thread_local int this_lane;
+
+// Every lane gets the sum of the 32 lanes' values.
+static float warp_sum(float v) {
+  lane_values[this_lane] = v;
+  warp_barrier.arrive_and_wait();
+  float s = 0.f;
+  for (int l = 0; l < 32; ++l) s += lane_values[l];
+  warp_barrier.arrive_and_wait();  // nobody overwrites lane_values before every lane has read them
+  return s;
+}
+
+#include "fp8_extract.inc"
+
+int main() {
+  int32_t head[3];
+  while (std::fread(head, sizeof head, 1, stdin) == 1) {
+    const int k = head[0], begin = head[1], end = head[2];
+    const int row_bytes = ((k + 4 * ((k + FP8_BLOCK_COLS - 1) / FP8_BLOCK_COLS)) + 15) / 16 * 16;
+    // 16-byte aligned, as ring pages and the staged vector are
+    std::vector<float4> row(row_bytes / 16), x((k + 3) / 4);
+    if (std::fread(row.data(), 1, row_bytes, stdin) != static_cast<size_t>(row_bytes) ||
+        std::fread(x.data(), sizeof(float), k, stdin) != static_cast<size_t>(k))
+      return 1;
+    float got[32];
+    std::vector<std::thread> lanes;
+    for (int lane = 0; lane < 32; ++lane)
+      lanes.emplace_back([&, lane] {
+        this_lane = lane;
+        got[lane] = dot_segment_fp8(reinterpret_cast<const uint8_t*>(row.data()), k,
+                                    reinterpret_cast<const float*>(x.data()), begin, end, lane);
+      });
+    for (auto& t : lanes) t.join();
+    bool same = true;
+    for (int lane = 1; lane < 32; ++lane) same = same && std::memcmp(&got[lane], &got[0], 4) == 0;
+    uint32_t bits;
+    std::memcpy(&bits, &got[0], 4);
+    if (same)
+      std::printf("%u\n", bits);
+    else
+      std::printf("lanes differ\n");
+  }
+  return 0;
+}
