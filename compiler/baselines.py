@@ -153,6 +153,9 @@ class HFStepModel:
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> None:
+        if spec.weight_format.is_fp8:
+            raise BaselineUnavailable("the Hugging Face baselines run bf16 weights; this model's "
+                                      "are FP8 (compare against the bf16 model instead)")
         try:
             from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
         except ImportError as e:

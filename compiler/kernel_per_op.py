@@ -68,6 +68,9 @@ class KernelPerOpModel:
         if spec.model_type not in SUPPORTED_FAMILIES or not spec.is_dense:
             raise ValueError(f"the kernel-per-op engine supports dense {SUPPORTED_FAMILIES}, "
                              f"not {spec.model_type!r}")
+        if spec.weight_format.is_fp8:
+            raise ValueError("the kernel-per-op engine reads bf16 weights; this model's are "
+                             "FP8 (compare against the bf16 model instead)")
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.max_seq_len, self.ctx_bucket = max_seq_len, ctx_bucket
 

@@ -86,6 +86,15 @@ def test_kernel_per_op_rejects_other_families() -> None:
 
 
 @pytest.mark.parametrize("baseline", [hf_eager, kernel_per_op])
+def test_baselines_refuse_fp8_weights(baseline) -> None:
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    spec, weights = model_and_weights("llama-tiny")
+    with pytest.raises(BaselineUnavailable, match="FP8"):
+        baseline(with_weight_dtype(spec, "fp8"), weights, PROMPT, 2, "cpu")
+
+
+@pytest.mark.parametrize("baseline", [hf_eager, kernel_per_op])
 def test_decode_baselines_report_reference_tokens(baseline) -> None:
     spec, weights = model_and_weights("qwen3-tiny")
     want_tokens, _ = reference_decode(spec, weights)
