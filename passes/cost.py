@@ -4,7 +4,11 @@ A task streams its weights at the SM's share of HBM bandwidth and reads its othe
 (KV cache) at the same rate; every op boundary costs a dependency wait plus the activation
 hand-off (`BOUNDARY_NS`, measured ~3 us per all-to-all boundary in the feasibility prototype of
 DESIGN.md). An op takes as long as its slowest SM; a step is the sum of its ops, because each
-op waits for all tasks of the op before it. Under tensor parallelism an op whose output is a
+op waits for all tasks of the op before it. Chunked attention is charged what the H200
+measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
+per layer, and keys and values read at the rate its loads in flight allow. That part is for the
+prediction only: the scheduler balances SMs by `task_ns`, where every attention task of an op
+costs the same anyway. Under tensor parallelism an op whose output is a
 partial sum adds one all-reduce: the link's fixed latency plus a ring's 2(tp - 1)/tp of the
 fp32 vector over NVLink (`Target.link_*`). The model is calibrated against `tilertc bench`.
 """
@@ -15,6 +19,11 @@ from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
 
 BOUNDARY_NS = 3000.0
+# llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
+# which ~0.5 us is bytes and 3 us the boundary; at 8k a task's extra 112 KB of keys and values
+# added 15.3 us, 7.3 KB/us per SM (16 KB in flight per SM over ~2.2 us of loaded latency).
+ATTENTION_CHAIN_NS = 8000.0
+ATTENTION_KV_BYTES_PER_S_PER_SM = 7.3e9
 
 
 def task_ns(program: Program, task: Task) -> float:
@@ -32,13 +41,21 @@ def allreduce_ns(program: Program, op: Op) -> float:
     return tgt.link_latency_ns + 2 * (tp - 1) / tp * nbytes / tgt.link_bandwidth * 1e9
 
 
+def predicted_task_ns(task: Task) -> float:
+    """`task_ns`, except for chunked attention: keys and values at their measured read rate."""
+    if task.opcode != "attention":
+        return task.est_ns
+    return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
+
+
 def op_times_ns(program: Program) -> dict[str, float]:
     """Per fused op: the busiest SM's time on it, plus one boundary (and an all-reduce)."""
     per: dict[str, dict[int, float]] = {}
     for t in program.tasks:
         per.setdefault(t.op, {}).setdefault(t.sm, 0.0)
-        per[t.op][t.sm] += t.est_ns
+        per[t.op][t.sm] += predicted_task_ns(t)
     return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
+            + (ATTENTION_CHAIN_NS if op.opcode == "attention" else 0.0)
             for op in program.graph.ops()}
 
 

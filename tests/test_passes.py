@@ -17,7 +17,12 @@ from tilertc.backends.cuda.codegen import constants
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.target import get_target
-from tilertc.passes.cost import op_times_ns
+from tilertc.passes.cost import (
+    ATTENTION_CHAIN_NS,
+    ATTENTION_KV_BYTES_PER_S_PER_SM,
+    BOUNDARY_NS,
+    op_times_ns,
+)
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack, static_bytes
 from tilertc.passes.pipeline import PASSES
@@ -247,6 +252,20 @@ def test_cost_adds_an_all_reduce_under_tensor_parallelism() -> None:
     t1, t8 = op_times_ns(one), op_times_ns(eight)
     assert t8["layers.0.o_proj"] > eight.target.link_latency_ns
     assert t8["layers.0.qkv_proj"] < t1["layers.0.qkv_proj"]
+
+
+def test_cost_charges_attention_its_measured_chain_and_kv_rate() -> None:
+    spec = load_spec("llama-3.2-1b")
+    short, long = schedule(spec, max_seq_len=1024), schedule(spec, max_seq_len=8192)
+    a_short, a_long = (op_times_ns(p)["layers.0.attention"] for p in (short, long))
+    assert a_short > ATTENTION_CHAIN_NS + BOUNDARY_NS
+    # the longest chunk of an SM grows by its extra keys and values at the measured rate
+    extra = (max(t.other_bytes for t in long.tasks_of("layers.0.attention"))
+             - max(t.other_bytes for t in short.tasks_of("layers.0.attention")))
+    assert a_long - a_short == pytest.approx(extra / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9,
+                                             rel=0.05)
+    # matrix-vector ops keep the bandwidth model
+    assert op_times_ns(short)["layers.0.o_proj"] == op_times_ns(long)["layers.0.o_proj"]
 
 
 # -- the CUDA backend's refusals -----------------------------------------------------------------
