@@ -22,6 +22,7 @@ from tilertc.ir.graph import TensorKind
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
+from tilertc.passes.packing import expert_weights
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
 from tilertc.passes.tiling import weight_row_bytes
@@ -63,12 +64,13 @@ def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:
 
 
 def _weight_layout(program: Program) -> list[dict[str, Any]]:
-    """Per task with weights: where its rows go and which checkpoint rows they are; for FP8
-    rows also each segment's scale tensor, the block and the packed bytes of one row."""
+    """Per task with static weights: where its rows go and which checkpoint rows they are; for
+    FP8 rows also each segment's scale tensor, the block and the packed bytes of one row. Then
+    one entry per expert of each routed op, at the op's region + expert x stride."""
     g = program.graph
     layout = []
     for t in program.tasks:
-        if not t.weight_bytes:
+        if not t.segments:  # no weights, or routed ones (below)
             continue
         ws = [g.tensors[s.tensor] for s in t.segments]
         entry = {"offset": t.weight_offset, "bytes": t.weight_bytes,
@@ -80,6 +82,17 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
             entry.update(scales=[g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
                          block=list(ws[0].attrs["block"]), row_bytes=weight_row_bytes(ws[0]))
         layout.append(entry)
+    for op in g.ops():
+        region = op.attrs.get("experts_packed")
+        if region is None:
+            continue
+        for e, names in enumerate(expert_weights(op)):
+            ws = [g.tensors[n] for n in names]
+            rows = ws[0].shape[0]
+            layout.append({"offset": region["offset"] + e * region["stride"],
+                           "bytes": rows * region["row_bytes"], "interleave": len(ws) > 1,
+                           "format": ws[0].dtype, "expert": [op.name, e],
+                           "segments": [[w.hf_name, 0, rows] for w in ws]})
     return layout
 
 
@@ -123,7 +136,7 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
                                 if program.graph.op(c.name).opcode == "argmax"),
         "weights": {"packed_bytes": program.config["packed_weight_bytes"],
                     "layout": _weight_layout(program)},
-        "task_fields": list(encode.FIELDS),
+        "task_fields": list(encode.fields(program)),
         "cost": {"step_ns": step_ns(program), "roofline_ns": roofline_ns(program)},
         "decisions": program.decisions,
     }

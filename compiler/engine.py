@@ -191,6 +191,12 @@ class Engine:
         b = self.m["buffers"][name]
         return self.act[b["offset"] : b["offset"] + b["numel"]]
 
+    def routing(self) -> dict[int, list[int]]:
+        """The experts the kernel's router chose at the last step, per MoE layer, best first
+        (the `expert_ids` the interpreter's `moe_router` outputs)."""
+        return {op.layer: self._act(op.outputs[0]).view(torch.int32).tolist()
+                for op in self.graph.ops() if op.opcode == "moe_router"}
+
     def _load_cubin(self) -> None:
         drv = _driver()
         blob = read_cubin(self.artifact, self.m)

@@ -63,9 +63,17 @@ def moe_ffn_block(g: Graph, spec: ModelSpec, layer: int, x: str) -> str:
     return residual(g, i, x, y)
 
 
+def top(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest along the last dim, largest first; equal values: the lower index
+    first. torch.topk leaves the order of ties to the implementation (on CPU it can take a
+    higher index first); a routing decision must be one the kernel can reproduce."""
+    return x.sort(dim=-1, descending=True, stable=True).indices[..., :k]
+
+
 def route(logits: torch.Tensor, bias: torch.Tensor | None, a: dict) -> tuple[torch.Tensor,
                                                                            torch.Tensor]:
-    """Expert ids [T, k] (by descending selection score) and combine weights [T, k] (fp32)."""
+    """Expert ids [T, k] (by descending selection score, ties to the lower expert) and combine
+    weights [T, k] (fp32)."""
     scores = logits.softmax(-1) if a["scoring"] == "softmax" else logits.sigmoid()
     choice = scores if bias is None else scores + bias
     n_group, topk_group = a["n_group"], a["topk_group"]
@@ -73,9 +81,9 @@ def route(logits: torch.Tensor, bias: torch.Tensor | None, a: dict) -> tuple[tor
         grouped = choice.reshape(choice.shape[0], n_group, -1)
         group_score = grouped.topk(2, dim=-1).values.sum(-1)
         keep = torch.zeros_like(group_score, dtype=torch.bool)
-        keep.scatter_(1, group_score.topk(topk_group, dim=-1).indices, True)
+        keep.scatter_(1, top(group_score, topk_group), True)
         choice = grouped.masked_fill(~keep[..., None], float("-inf")).reshape_as(choice)
-    ids = choice.topk(a["top_k"], dim=-1).indices
+    ids = top(choice, a["top_k"])
     w = scores.gather(1, ids)
     if a["norm_topk_prob"]:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)  # the epsilon only guards an all-zero sum

@@ -74,3 +74,15 @@ def fuse_moe(f: Fusion, norm: Op) -> None:
            [act, ids, weights, *shared_act, res_in, *down, *shared_down], list(residual.outputs),
            layer, [experts, *shared_tail, residual], K=slots * inter + shared_inter, rows=h,
            shared_intermediate=shared_inter, **routing)
+
+
+def down_inputs(op: Op) -> tuple[str, str, str, str | None, str, list[str], str | None]:
+    """The inputs of a `moe_down_add` as `fuse_moe` orders them: (act, ids, weights, shared
+    act, residual, the experts' down weights, the shared expert's down weight)."""
+    shared = op.attrs["shared_intermediate"] > 0
+    act, ids, weights = op.inputs[:3]
+    rest = list(op.inputs[3:])
+    shared_act = rest.pop(0) if shared else None
+    residual = rest.pop(0)
+    shared_down = rest.pop() if shared else None
+    return act, ids, weights, shared_act, residual, rest, shared_down

@@ -6,14 +6,18 @@ task's weights are one contiguous run of whole rows (one bulk copy per ring page
 packs checkpoint weights into this order once, at load time.
 
 Routed experts cannot be laid out in stream order: which expert a task reads is known only
-when the router has run. They are packed after the static region, expert-major (each expert's
-gate and up rows interleaved, then its down rows), so that a routed task reads the rows of
-its slot's expert at a computed offset; a task's static part (the shared expert's rows of a
-`moe_down_add`) stays in stream order.
+when the router has run. They are packed after the static region, one region per routed op,
+expert-major with a fixed stride: a `moe_gate_up` region holds each expert's gate and up rows
+interleaved (as a dense gate/up task packs them), a `moe_down_add` region each expert's down
+rows. A routed task's `weight_offset` is where its rows lie in expert 0's part of the region,
+and the kernel adds `expert × stride` for the expert its slot is routed to, so the address
+comes from the expert id alone (`op.attrs["experts_packed"]`). A task's static part (the
+shared expert's rows of a `moe_down_add`) stays in stream order.
 """
 
 from __future__ import annotations
 
+from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
 from tilertc.passes.tiling import ROUTED, weight_row_bytes
 
@@ -26,6 +30,44 @@ def static_bytes(program: Program, t: Task) -> int:
     return sum((s.row1 - s.row0) * weight_row_bytes(tensors[s.tensor]) for s in t.segments)
 
 
+def expert_weights(op) -> list[list[str]]:
+    """Per expert of a routed op, the weight tensors one of its packed rows is made of: gate
+    and up (interleaved) of a `moe_gate_up`, down of a `moe_down_add`."""
+    if op.opcode == "moe_gate_up":
+        ws = op.inputs[3:]
+        return [list(ws[i:i + 2]) for i in range(0, len(ws), 2)]
+    return [[w] for w in down_inputs(op)[5]]
+
+
+def _align(n: int) -> int:
+    return -(-n // PACK_ALIGN) * PACK_ALIGN
+
+
+def _pack_experts(program: Program, offset: int) -> int:
+    """Each routed op's region from `offset`, expert-major; sets the routed tasks' offsets."""
+    g = program.graph
+    tasks: dict[str, list[Task]] = {}
+    for t in program.tasks:
+        if t.opcode in ROUTED:
+            tasks.setdefault(t.op, []).append(t)
+    for op in g.ops():
+        if op.opcode not in ROUTED:
+            continue
+        experts = expert_weights(op)
+        first = [g.tensors[w] for w in experts[0]]
+        rows = first[0].shape[0]
+        row = sum(weight_row_bytes(w) for w in first)
+        stride = _align(rows * row)
+        op.attrs["experts_packed"] = {"offset": offset, "stride": stride, "row_bytes": row,
+                                      "experts": len(experts)}
+        inter = op.attrs["intermediate_size"]
+        for t in tasks[op.name]:  # a gate/up task's rows are those of its slot's expert
+            r0 = t.rows[0] % inter if op.opcode == "moe_gate_up" else t.rows[0]
+            t.weight_offset = offset + r0 * row
+        offset += stride * len(experts)
+    return offset
+
+
 def pack(program: Program) -> Program:
     offset = 0
     for stream in program.streams:
@@ -34,17 +76,15 @@ def pack(program: Program) -> Program:
             n = static_bytes(program, t)
             if n:
                 t.weight_offset = offset
-                offset += -(-n // PACK_ALIGN) * PACK_ALIGN
-    g = program.graph
-    experts = {w for op in g.ops() if op.opcode in ROUTED for w in op.inputs
-               if ".mlp.experts." in (g.tensors[w].hf_name or "")}
-    expert_bytes = sum(g.tensors[w].nbytes for w in experts)
-    program.config.update(packed_weight_bytes=offset, expert_weight_bytes=expert_bytes)
-    program.decide("packing", f"packed weights: {offset / 2**20:.1f} MB, one contiguous region "
+                offset += _align(n)
+    static = offset
+    offset = _pack_experts(program, offset)
+    program.config.update(packed_weight_bytes=offset, expert_weight_bytes=offset - static)
+    program.decide("packing", f"packed weights: {static / 2**20:.1f} MB, one contiguous region "
                    "per SM in stream order" + (
-                       f"; routed experts: {expert_bytes / 2**20:.1f} MB after it, expert-major, "
-                       "read at the offset of the expert a slot is routed to"
-                       if expert_bytes else ""))
+                       f"; routed experts: {(offset - static) / 2**20:.1f} MB after it, one "
+                       "region per routed op, expert-major with a fixed stride, read at the "
+                       "offset of the expert a slot is routed to" if offset > static else ""))
     fmt = program.spec.weight_format
     if fmt.is_fp8:
         program.decide("packing", f"FP8 rows: a row's K e4m3 bytes, then the fp32 scales of "

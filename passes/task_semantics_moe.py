@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from tilertc.ir.moe import route
+from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
 from tilertc.passes.task_semantics import (
     KINDS,
@@ -73,21 +74,10 @@ def _gate_up(ctx: Context, t: Task) -> None:
 KINDS["moe_gate_up"] = TaskKind(_gate_up_accesses, _gate_up)
 
 
-def _down_inputs(op) -> tuple[str, str, str, str | None, str, list[str], str | None]:
-    """(act, ids, weights, shared act, residual, expert down weights, shared down weight)."""
-    shared = op.attrs["shared_intermediate"] > 0
-    act, ids, weights = op.inputs[:3]
-    rest = list(op.inputs[3:])
-    shared_act = rest.pop(0) if shared else None
-    residual = rest.pop(0)
-    shared_down = rest.pop() if shared else None
-    return act, ids, weights, shared_act, residual, rest, shared_down
-
-
 def _down_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     op = program.graph.op(t.op)
     a = op.attrs
-    act, ids, weights, shared_act, residual, _, _ = _down_inputs(op)
+    act, ids, weights, shared_act, residual, _, _ = down_inputs(op)
     out = [read(act, 0, a["slots"] * a["intermediate_size"]), read(ids, 0, a["slots"]),
            read(weights, 0, a["slots"])]
     if shared_act:
@@ -98,7 +88,7 @@ def _down_accesses(program: Program, t: Task, pos: int) -> list[Access]:
 def _down(ctx: Context, t: Task) -> None:
     op = ctx.program.graph.op(t.op)
     a = op.attrs
-    act, ids, weights, shared_act, residual, downs, shared_down = _down_inputs(op)
+    act, ids, weights, shared_act, residual, downs, shared_down = down_inputs(op)
     r0, r1, inter = *t.rows, a["intermediate_size"]
     chosen = ctx.read(ids, 0, a["slots"])
     scale = ctx.read(weights, 0, a["slots"])

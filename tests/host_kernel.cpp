@@ -13,6 +13,8 @@
 //   sample V TASKS TEMP_BITS TOP_K TOP_P_BITS SEED POS (LOGIT_BITS)*V
 //                                    -> the token and the nucleus-cut count of one step's lm_head
 //                                       tasks and sampler
+//   route (LOGIT_BITS)*MOE_EXPERTS  -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
+//                                       then the bits of their combine weights
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -232,6 +234,28 @@ static void sample_command() {
   std::printf("%d %d %d\n", tokens[0], host_tokens[0] == tokens[0] && host_count == 1, status[ST_NUCLEUS_CUT]);
 }
 
+#if MOE
+static void route_command() {
+  std::vector<float> act(MOE_EXPERTS + 2 * MOE_TOP_K, NAN);  // logits | ids | weights
+  for (int e = 0; e < MOE_EXPERTS; ++e) {
+    unsigned b;
+    std::scanf("%u", &b);
+    act[e] = __uint_as_float(b);
+  }
+  Params p{};
+  p.act = act.data();
+  int t[TASK_FIELDS] = {};
+  t[F_OPCODE] = OP_MOE_TOPK;
+  t[F_IN] = 0;
+  t[F_OUT] = MOE_EXPERTS;
+  t[F_AUX] = MOE_EXPERTS + MOE_TOP_K;
+  run_block([&](int ct) { run_moe_topk(p, t, ct); });
+  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%d ", __float_as_int(act[MOE_EXPERTS + k]));
+  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%u ", __float_as_uint(act[MOE_EXPERTS + MOE_TOP_K + k]));
+  std::printf("\n");
+}
+#endif
+
 int main() {
   char op[16];
   while (std::scanf("%15s", op) == 1) {
@@ -258,6 +282,10 @@ int main() {
       select_command();
     } else if (!std::strcmp(op, "sample")) {
       sample_command();
+#if MOE
+    } else if (!std::strcmp(op, "route")) {
+      route_command();
+#endif
     }
     std::fflush(stdout);
   }

@@ -230,9 +230,16 @@ def test_packing_lays_each_sm_out_contiguously_and_experts_apart() -> None:
         offsets = [after.tasks[i].weight_offset for i in stream
                    if static_bytes(after, after.tasks[i])]
         assert offsets == sorted(offsets)
-    routed = after.tasks_of("layers.0.moe.gate_up")
-    assert all(t.weight_offset == -1 and t.weight_bytes > 0 for t in routed)
     assert after.config["expert_weight_bytes"] == 2 * 8 * 3 * 32 * 64 * 2
+    static = after.config["packed_weight_bytes"] - after.config["expert_weight_bytes"]
+    # each routed op a region of 8 experts at a fixed stride after the static weights; a task's
+    # offset is where its rows lie in expert 0's part (gate/up rows: 2 x 64 bf16 each)
+    region = after.graph.op("layers.0.moe.gate_up").attrs["experts_packed"]
+    assert region == {"offset": static, "stride": 32 * 256, "row_bytes": 256, "experts": 8}
+    for t in after.tasks_of("layers.0.moe.gate_up"):
+        assert t.weight_offset == static + t.rows[0] % 32 * 256 and t.weight_bytes > 0
+    down = after.graph.op("layers.0.moe.down_proj").attrs["experts_packed"]
+    assert down["offset"] == static + 8 * 32 * 256 and down["stride"] == 64 * 32 * 2
 
 
 def test_synchronization_prunes_waits_implied_by_other_waits() -> None:
@@ -271,9 +278,9 @@ def test_cost_charges_attention_its_measured_chain_and_kv_rate() -> None:
 # -- the CUDA backend's refusals -----------------------------------------------------------------
 
 def test_cuda_codegen_refuses_what_it_does_not_run() -> None:
-    with pytest.raises(ScheduleError, match=r"op 'layers.0.moe.topk': fused opcode 'moe_topk' is "
-                                            r"not yet in the CUDA backend"):
-        constants(schedule(load_spec("qwen3-moe-tiny")))
+    with pytest.raises(ScheduleError, match=r"op 'layers.0.q_absorb': fused opcode 'head_matvec' "
+                                            r"\(MLA\) is not yet in the CUDA backend"):
+        constants(schedule(load_spec("deepseek-v3-tiny")))
     with pytest.raises(ScheduleError, match=r"--tp 2: tensor parallelism is not yet in the CUDA "
                                             r"backend"):
         constants(schedule(load_spec("llama-tiny"), tp=2))

@@ -372,7 +372,8 @@ HOST_CONFIGS = [(256, 132, 2), (1000, 100, 1), (3000, 40, 2), (20_000, 16, 4)]
 
 def kernel_source() -> str:
     """What tests/host_kernel.cpp runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, warp_sum, the sampling section and the sampler's entry points."""
+    shared-memory struct, warp_sum and warp_max, the sampling section and the sampler's entry
+    points, and the MoE router (compiled when MOE is 1)."""
     from tilertc.backends.cuda.codegen import LIBRARY
 
     src = LIBRARY.read_text()
@@ -388,6 +389,7 @@ def kernel_source() -> str:
     return "\n".join([
         src[enums:src.index("\n", src.index("enum ErrorCode"))],
         definition("__device__ __forceinline__ float warp_sum"),
+        definition("__device__ __forceinline__ float warp_max"),
         definition("struct Shared {"),
         between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
         definition("__device__ void cta_best"),
@@ -395,10 +397,14 @@ def kernel_source() -> str:
         definition("__device__ void sample_lm_head"),
         definition("__device__ void publish_token"),
         definition("__device__ void run_argmax"),
+        between("#if MOE\n// ---- compute: the MoE router", "// ---- compute warps"),
     ])
 
 
-def build_host_kernel(out: Path, vocab: int, tasks: int, warps: int) -> Path:
+def build_host_kernel(out: Path, vocab: int, tasks: int, warps: int,
+                      moe: dict[str, object] | None = None) -> Path:
+    """The harness for a vocabulary, lm_head task count and warp count; `moe`: the MoE
+    router's constants (codegen's MOE_*), to build it with the router."""
     import shutil
     import subprocess
 
@@ -408,7 +414,7 @@ def build_host_kernel(out: Path, vocab: int, tasks: int, warps: int) -> Path:
     (out / "kernel_extract.inc").write_text(kernel_source())
     consts = {"COMPUTE_WARPS": warps, "MISC_FLOATS": 1024, "VOCAB": vocab, "SAMPLE_K": K_MAX,
               "SAMPLE_TASKS": tasks, "SAMPLE_SLOTS": candidate_slots(vocab, tasks),
-              "SAMPLE_ROW_BITS": row_bits(vocab)}
+              "SAMPLE_ROW_BITS": row_bits(vocab), "MOE": int(moe is not None), **(moe or {})}
     exe = out / "host_kernel"
     subprocess.run([cxx, "-O1", "-std=c++17", f"-I{out}", *[f"-D{k}={v}" for k, v in
                                                            consts.items()],

@@ -20,11 +20,16 @@ from tilertc.passes.residency import REDUCTION_FLOATS
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
+# What the fused opcodes the kernel lacks belong to, for the refusal's message.
+FEATURES = {"head_matvec": "MLA", "mla_attention": "MLA", "dsa_score": "DSA indexer",
+            "dsa_topk": "DSA indexer"}
+# The router is one warp: every expert's score in its registers, lane k keeps the k-th choice.
+MAX_EXPERTS = 256
 
 
 def check_supported(program: Program) -> None:
-    """The CUDA backend runs the dense fused opcodes on one GPU; anything else is refused by
-    name here, before any source is emitted."""
+    """The CUDA backend runs the dense fused opcodes and Qwen3-MoE's routed experts on one
+    GPU; anything else is refused by name here, before any source is emitted."""
     from tilertc.backends.cuda.encode import OPCODES
 
     if program.tp != 1:
@@ -35,11 +40,40 @@ def check_supported(program: Program) -> None:
         )
     for op in program.graph.ops():
         if op.opcode not in OPCODES:
+            what = f" ({FEATURES[op.opcode]})" if op.opcode in FEATURES else ""
             raise ScheduleError(
-                f"op {op.name!r}: fused opcode {op.opcode!r} is not yet in the "
+                f"op {op.name!r}: fused opcode {op.opcode!r}{what} is not yet in the "
                 f"CUDA backend (it runs {', '.join(OPCODES)}); `tilertc "
                 "explain` shows the schedule"
             )
+        _check_moe(op)
+
+
+def _check_moe(op) -> None:
+    """The kernel's router is Qwen3-MoE's (softmax, top-k over all experts, no bias) and its
+    experts have no shared expert; DeepSeek-style routing is refused naming what is missing."""
+    a = op.attrs
+    missing = []
+    if op.opcode == "moe_topk":
+        if a["scoring"] != "softmax":
+            missing.append(f"{a['scoring']} router scores")
+        if a["topk_group"] < a["n_group"]:
+            missing.append("group-limited routing")
+        if len(op.inputs) > 1:
+            missing.append("a routing correction bias")
+        if a["num_experts"] > MAX_EXPERTS:
+            missing.append(f"more than {MAX_EXPERTS} experts")
+        if a["top_k"] > 32:
+            missing.append("more than 32 experts per token")
+    elif op.opcode == "moe_down_add":
+        if a["shared_intermediate"]:
+            missing.append("a shared expert")
+        if a["intermediate_size"] * 2 % 16:
+            missing.append("expert rows that are not whole 16-byte pieces")
+    if missing:
+        raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
+                            f"{' and '.join(missing)} (it runs Qwen3-MoE routing: softmax, "
+                            "top-k, no shared expert)")
 
 
 def constants(program: Program) -> dict[str, object]:
@@ -54,6 +88,14 @@ def constants(program: Program) -> dict[str, object]:
     # The FP8 dot product is compiled only into kernels that stream FP8 rows, so that a bf16
     # kernel's code is what it was without it.
     fp8 = {"FP8_BLOCK_COLS": fmt.block[1]} if fmt.is_fp8 else {}
+    # Likewise the router and the routed experts' loader paths are compiled only into MoE
+    # kernels.
+    topk = next((op.attrs for op in program.graph.ops() if op.opcode == "moe_topk"), None)
+    moe = {}
+    if topk is not None:
+        moe = {"MOE_EXPERTS": topk["num_experts"], "MOE_TOP_K": topk["top_k"],
+               "MOE_NORM_TOPK_PROB": int(topk["norm_topk_prob"]),
+               "MOE_SCALING": f"{float(topk['routed_scaling_factor'])!r}f"}
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -78,6 +120,8 @@ def constants(program: Program) -> dict[str, object]:
         "SAMPLE_ROW_BITS": row_bits(spec.vocab_size),
         "WEIGHT_FP8": int(fmt.is_fp8),
         **fp8,
+        "MOE": int(topk is not None),
+        **moe,
     }
 
 

@@ -15,12 +15,22 @@
 namespace tilertc {
 
 // ---- the task table (written by backends/cuda/encode.py; keep the two in step) -------------
-enum Opcode : int { OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4 };
+enum Opcode : int {
+  OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4,
+  OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7
+};
 enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
   F_OPCODE, F_EPILOGUE, F_ROW0, F_ROW1, F_K, F_IN, F_OUT, F_AUX, F_AUX2, F_W_LO, F_W_HI,
   F_ROW_BYTES, F_WAIT0, F_WAIT0_N, F_WAIT1, F_WAIT1_N, F_SIGNAL, F_KCACHE, F_VCACHE, F_EPS,
-  F_SCALE, F_COUNT, F_CHUNK, F_ARRIVE, F_AUX3, F_W_FORMAT, TASK_FIELDS
+  F_SCALE, F_COUNT, F_CHUNK, F_ARRIVE, F_AUX3, F_W_FORMAT,
+#if MOE  // a routed task's rows are F_SLOTS pieces, piece j from the expert in slot F_SLOT0 + j
+  F_ROUTE,          // the router's counter, which the loader acquires before reading the ids
+  F_IDS,            // act offset of the router's expert ids (int32)
+  F_SLOT0, F_SLOTS,
+  F_EXPERT_STRIDE,  // bytes / 16 between consecutive experts' packed weights of the op
+#endif
+  TASK_FIELDS
 };
 enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1 };  // F_W_FORMAT of a matrix-vector task
 constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
@@ -179,12 +189,85 @@ __device__ __forceinline__ Shared carve(uint8_t* base) {
 }
 
 __device__ __forceinline__ const int* task_row(const Params& p, int id) { return p.tasks + id * TASK_FIELDS; }
+// Matrix-vector tasks: norm_matvec and a MoE gate/up stage an RMS-normalized input;
+// matvec_add and a MoE down projection add a residual. The MoE opcodes exist only in MoE
+// kernels, so that a dense kernel tests for what it always did.
 __device__ __forceinline__ bool has_weights(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD) return true;
+#endif
   return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
+}
+__device__ __forceinline__ bool normed(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_GATE_UP) return true;
+#endif
+  return t[F_OPCODE] == OP_NORM_MATVEC;
+}
+__device__ __forceinline__ bool adds_residual(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return true;
+#endif
+  return t[F_OPCODE] == OP_MATVEC_ADD;
 }
 __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
 
+// Spins until the counter reaches `target` (acquire). False when another SM failed, when the
+// watchdog fires (recorded with the task and counter), or, given the loader's `quit` flag, when
+// compute has ended the launch (a routed task's router may then never run).
+__device__ __forceinline__ bool acquire(const Params& p, int counter, unsigned target, int task, volatile int* quit) {
+  bool ok = true;
+  const unsigned long long start = now_ns();
+  unsigned spins = 0;
+  while (ld_acquire(&p.counters[counter]) < target) {
+    if ((++spins & 1023) == 0) {
+      if (quit && quit_seen(quit)) { ok = false; break; }
+      if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) { ok = false; break; }
+      if (now_ns() - start > static_cast<unsigned long long>(p.watchdog_ns)) {
+        if (atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_WATCHDOG) == ERR_NONE) {
+          p.status[ST_ERROR_SM] = blockIdx.x;
+          p.status[ST_ERROR_TASK] = task;
+          p.status[ST_ERROR_COUNTER] = counter;
+        }
+        ok = false;
+        break;
+      }
+    }
+  }
+  return ok;
+}
+
 // ---- the loader warp ------------------------------------------------------------------------
+#if MOE
+// A routed task's weights are known only once the router of this step has run: the loader
+// acquires the router's counter (as compute's waits do), reads the ids of the task's slots and
+// points `piece[j]` at slot j's expert (packed expert-major, `F_EXPERT_STRIDE` apart). Returns
+// false when the launch is ending or failing. Weights of every other task still stream ahead;
+// the cost is that this SM's loader stalls here until the router is done (docs/artifact.md).
+__device__ bool route_pieces(const Params& p, const Shared& s, const int* t, long long step, int task,
+                             const uint8_t* base, const uint8_t* (&piece)[MOE_TOP_K]) {
+  if (!acquire(p, t[F_ROUTE], static_cast<unsigned>(step + 1), task, &s.flags[0])) return false;
+  const int* ids = reinterpret_cast<const int*>(p.act + t[F_IDS]) + t[F_SLOT0];
+  const long long stride = static_cast<long long>(t[F_EXPERT_STRIDE]) * 16;
+#pragma unroll
+  for (int j = 0; j < MOE_TOP_K; ++j)
+    if (j < t[F_SLOTS]) piece[j] = base + __ldcg(ids + j) * stride;
+  return true;
+}
+
+// One page of a routed task with several pieces per row (the MoE down projection: a row is
+// the down rows of every slot's expert side by side): one bulk copy per row and slot.
+__device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_TOP_K], const int* t, int r, int n,
+                            uint64_t* bar) {
+  const int rb = t[F_ROW_BYTES], slots = t[F_SLOTS], bytes = rb / slots;
+  for (int rr = 0; rr < n; ++rr)
+#pragma unroll
+    for (int j = 0; j < MOE_TOP_K; ++j)
+      if (j < slots)
+        bulk_copy(page + rr * rb + j * bytes, piece[j] + static_cast<long long>(r + rr) * bytes, bytes, bar);
+}
+#endif
+
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
@@ -199,6 +282,14 @@ __device__ void run_loader(const Params& p, Shared& s) {
       const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
                                         static_cast<uint32_t>(t[F_W_LO])) * 16;
+#if MOE
+      const uint8_t* piece[MOE_TOP_K];
+      const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
+      if (routed) {
+        if (!route_pieces(p, s, t, step, p.stream_tasks[i], src, piece)) goto drain;
+        src = piece[0];  // one piece per row: the expert's rows are contiguous, as a dense task's
+      }
+#endif
       for (int r = 0; r < rows; r += rpp) {
         const int slot = issued % RING_PAGES;
         const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
@@ -208,7 +299,12 @@ __device__ void run_loader(const Params& p, Shared& s) {
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         const uint32_t bytes = min(rpp, rows - r) * rb;
         mbar_expect_tx(&s.full[slot], bytes);
-        bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
+#if MOE
+        if (routed && t[F_SLOTS] > 1)
+          copy_pieces(s.ring + slot * PAGE_BYTES, piece, t, r, min(rpp, rows - r), &s.full[slot]);
+        else
+#endif
+          bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
         ++issued;
       }
     }
@@ -225,24 +321,7 @@ drain:
 // Thread 0 of compute acquires; the barrier then publishes what it saw to the other warps.
 __device__ bool wait_counter(const Params& p, int counter, unsigned target, int task) {
   bool ok = true;
-  if (threadIdx.x == 32) {
-    const unsigned long long start = now_ns();
-    unsigned spins = 0;
-    while (ld_acquire(&p.counters[counter]) < target) {
-      if ((++spins & 1023) == 0) {
-        if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) { ok = false; break; }
-        if (now_ns() - start > static_cast<unsigned long long>(p.watchdog_ns)) {
-          if (atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_WATCHDOG) == ERR_NONE) {
-            p.status[ST_ERROR_SM] = blockIdx.x;
-            p.status[ST_ERROR_TASK] = task;
-            p.status[ST_ERROR_COUNTER] = counter;
-          }
-          ok = false;
-          break;
-        }
-      }
-    }
-  }
+  if (threadIdx.x == 32) ok = acquire(p, counter, target, task, nullptr);
   return ok;
 }
 
@@ -598,7 +677,7 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
 // shared memory and the epilogue runs per row at the end of the task.
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   const int k4 = t[F_K] / 4;
-  const bool norm = t[F_OPCODE] == OP_NORM_MATVEC;
+  const bool norm = normed(t);
   const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
   const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   float4* v = reinterpret_cast<float4*>(s.vec);
@@ -612,6 +691,12 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
       const float4 g = __ldcg(gamma + i);
       a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
     }
+#if MOE  // the down projection's input is every slot's activation times the slot's weight
+    if (t[F_OPCODE] == OP_MOE_DOWN_ADD) {
+      const float c = __ldcg(p.act + t[F_AUX2] + 4 * i / (t[F_K] / t[F_SLOTS]));
+      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
+    }
+#endif
     v[i] = a;
   }
   if (!norm) {
@@ -768,7 +853,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
   for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
-  const bool add = t[F_OPCODE] == OP_MATVEC_ADD;
+  const bool add = adds_residual(t);
   const float res = add && ct < rows ? __ldcg(p.act + t[F_AUX] + row0 + ct) : 0.f;  // prefetched
   stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
 #if WEIGHT_FP8
@@ -804,7 +889,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   consumed = page_index;
   compute_sync();
   float* out = p.act + t[F_OUT];
-  const float rstd = t[F_OPCODE] == OP_NORM_MATVEC ? s.red[COMPUTE_WARPS] : 1.f;
+  const float rstd = normed(t) ? s.red[COMPUTE_WARPS] : 1.f;
   float best = -INFINITY;
   int best_row = 0x7fffffff;
   for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
@@ -1059,6 +1144,76 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
   if (ct == 0) publish_token(p, step, tok);
 }
 
+#if MOE
+// ---- compute: the MoE router (ir/moe.py: route, Qwen3-MoE) ---------------------------------
+// Softmax over the experts' logits in fp32, then the MOE_TOP_K best scores, best first (equal
+// scores: the lower expert first, as ir/moe.py: top defines it), their weights renormalized when
+// MOE_NORM_TOPK_PROB, times MOE_SCALING. One warp; lane l holds experts l, l + 32, ... A
+// selection round takes each lane's best untaken expert, then the warp's best. The order is
+// total (NaN above every score, as torch's sort puts it), so that the lanes agree on the winner
+// and even NaN logits give valid, distinct ids: the loader trusts them.
+constexpr int EXPERTS_PER_LANE = (MOE_EXPERTS + 31) / 32;
+__device__ __forceinline__ bool routed_before(float v, int e, float w, int f) {
+  if ((v != v) != (w != w)) return v != v;
+  return v > w || (!(v < w) && e < f);
+}
+__device__ void run_moe_topk(const Params& p, const int* t, int ct) {
+  if (ct >= 32) return;
+  const float* logits = p.act + t[F_IN];
+  float sc[EXPERTS_PER_LANE];
+  unsigned taken = 0;  // bit j: expert ct + 32 j is chosen, or does not exist
+  float mx = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
+    const bool on = ct + 32 * j < MOE_EXPERTS;
+    sc[j] = on ? __ldcg(logits + ct + 32 * j) : -INFINITY;
+    taken |= on ? 0u : 1u << j;
+    mx = fmaxf(mx, sc[j]);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
+    sc[j] = expf(sc[j] - mx);
+    sum += sc[j];
+  }
+  sum = warp_sum(sum);
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j) sc[j] = sc[j] / sum;
+  float mine = 0.f;  // lane k: the score of the k-th choice
+  int mine_id = 0;
+  for (int k = 0; k < MOE_TOP_K; ++k) {
+    float best = 0.f;
+    int id = MOE_EXPERTS;  // none
+#pragma unroll
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+      if (!(taken >> j & 1u) && (id == MOE_EXPERTS || routed_before(sc[j], ct + 32 * j, best, id))) {
+        best = sc[j];
+        id = ct + 32 * j;
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float v = __shfl_xor_sync(0xffffffffu, best, o);
+      const int e = __shfl_xor_sync(0xffffffffu, id, o);
+      if (e != MOE_EXPERTS && (id == MOE_EXPERTS || routed_before(v, e, best, id))) {
+        best = v;
+        id = e;
+      }
+    }
+    if ((id & 31) == ct) taken |= 1u << (id >> 5);
+    if (k == ct) {
+      mine = best;
+      mine_id = id;
+    }
+  }
+  if (MOE_NORM_TOPK_PROB) mine = mine / (warp_sum(ct < MOE_TOP_K ? mine : 0.f) + 1e-20f);
+  if (ct < MOE_TOP_K) {
+    __stcg(reinterpret_cast<int*>(p.act + t[F_OUT]) + ct, mine_id);
+    __stcg(p.act + t[F_AUX] + ct, mine * MOE_SCALING);
+  }
+}
+#endif
+
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x - 32;
@@ -1090,6 +1245,11 @@ __device__ void run_compute(const Params& p, Shared& s) {
       // held in registers through every other task, where attention needs them all.
       switch (t[F_OPCODE]) {
         case OP_EMBED: ok = run_embed(p, t, step, ct); break;
+#if MOE
+        case OP_MOE_TOPK: run_moe_topk(p, t, opaque(ct)); break;
+        case OP_MOE_GATE_UP:
+        case OP_MOE_DOWN_ADD:
+#endif
         case OP_NORM_MATVEC:
         case OP_MATVEC_ADD:
           run_matvec(p, s, t, consumed, opaque(ct));

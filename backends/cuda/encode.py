@@ -1,6 +1,8 @@
 """The task table: every task of a scheduled program as one row of int32 fields.
 
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
+A MoE model's table has the `MOE_FIELDS` after the others (decode.cuh declares them under
+`#if MOE`), so that a dense model's table and kernel are what they were without them.
 """
 
 from __future__ import annotations
@@ -9,9 +11,15 @@ import struct
 
 import numpy as np
 
+from tilertc.passes.fusion_moe import down_inputs
+from tilertc.passes.packing import expert_weights
 from tilertc.passes.program import Program, ScheduleError, Task
 
-OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4}
+OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4,
+           "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7}
+# A routed task's rows are `slots` pieces, piece j from the expert the router put in slot
+# slot0 + j; the kernel's loader reads that expert's id only after acquiring `route`.
+MOE_FIELDS = ("route", "ids", "slot0", "slots", "expert_stride")
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
 WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
 FIELDS = (
@@ -50,6 +58,11 @@ def _f32_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
 
+def _low_bits(x: int) -> int:
+    """The low 32 bits of x as an int32 (the kernel reads them back as unsigned)."""
+    return ((x & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
 def _offset(program: Program, tensor: str) -> int:
     off = program.buffers[tensor].offset
     if off > INT32_MAX:
@@ -59,11 +72,44 @@ def _offset(program: Program, tensor: str) -> int:
     return off
 
 
-def encode_task(program: Program, t: Task) -> list[int]:
-    from tilertc.passes.tiling import row_bytes
+def fields(program: Program) -> tuple[str, ...]:
+    """The task table's columns for this program (decode.cuh compiles the MoE ones when
+    there is a router: codegen's MOE)."""
+    routed = any(op.opcode == "moe_topk" for op in program.graph.ops())
+    return FIELDS + MOE_FIELDS if routed else FIELDS
+
+
+def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str, int]:
+    """The MoE fields of a routed task (see MOE_FIELDS) and its combine weights' offset."""
+    a = op.attrs
+    ids, weights = (op.inputs[2], None) if t.opcode == "moe_gate_up" else op.inputs[1:3]
+    topk = next(o.name for o in program.graph.producers(op.name) if ids in o.outputs)
+    route = counters[topk]
+    if program.counters[route].per_step != 1:  # the loader waits for step + 1
+        raise ScheduleError(f"op {topk!r}: the router must be one task")
+    slot, stride = t.rows[0] // a["intermediate_size"], a["experts_packed"]["stride"] // 16
+    if stride > INT32_MAX:
+        raise ScheduleError(f"op {op.name!r}: one expert's packed weights exceed 32 GiB")
+    out = {"route": route, "ids": _offset(program, ids),
+           "slot0": slot if t.opcode == "moe_gate_up" else 0,
+           "slots": 1 if t.opcode == "moe_gate_up" else a["slots"],
+           "expert_stride": stride}
+    if weights:
+        out["aux2"] = _offset(program, weights)
+    return out
+
+
+def encode_task(program: Program, t: Task, counters: dict[str, int] | None = None,
+                cols: tuple[str, ...] | None = None) -> list[int]:
+    """One task's row; `encode` passes `counters` (counter_index) and `cols` (fields) so that
+    they are not derived again for every task."""
+    from tilertc.passes.tiling import ROUTED, row_bytes
 
     op = program.graph.op(t.op)
-    row = dict.fromkeys(FIELDS, 0)
+    cols = cols or fields(program)
+    row = dict.fromkeys(cols, 0)
+    if "route" in row:
+        row["route"] = -1
     row.update(
         opcode=OPCODES[t.opcode],
         row0=t.rows[0],
@@ -75,21 +121,26 @@ def encode_task(program: Program, t: Task) -> list[int]:
     for i, (counter, per_step, lag) in enumerate(t.waits):
         row[f"wait{i}"], row[f"wait{i}_n"] = counter, per_step | (lag << LAG_SHIFT)
     a = op.attrs
-    if t.opcode in ("norm_matvec", "matvec_add"):
+    if t.opcode in ("norm_matvec", "matvec_add", *ROUTED):
+        weight = t.segments[0].tensor if t.segments else expert_weights(op)[0][0]
         row.update(
             epilogue=EPILOGUES[a.get("epilogue", "none")],
             k=a["K"],
             row_bytes=row_bytes(program, op),
-            w_format=WEIGHT_FORMATS[program.graph.tensors[t.segments[0].tensor].dtype],
-            w_lo=(t.weight_offset // 16) & 0xFFFFFFFF,
+            w_format=WEIGHT_FORMATS[program.graph.tensors[weight].dtype],
+            w_lo=_low_bits(t.weight_offset // 16),
             w_hi=(t.weight_offset // 16) >> 32,
             **{"in": _offset(program, op.inputs[0])},
             out=_offset(program, op.outputs[0]),
         )
-        if t.opcode == "norm_matvec":
+        if t.opcode in ("norm_matvec", "moe_gate_up"):
             row.update(aux=_offset(program, op.inputs[1]), eps=_f32_bits(a["eps"]))
-        else:
+        elif t.opcode == "matvec_add":
             row["aux"] = _offset(program, op.inputs[2])
+        if t.opcode in ROUTED:
+            row.update(_routed(program, t, op, counters or counter_index(program)))
+        if t.opcode == "moe_down_add":
+            row["aux"] = _offset(program, down_inputs(op)[4])
         if a.get("epilogue") == "argmax":
             if t.opcode != "norm_matvec":  # the sampler re-derives logits as row sum x 1/rms
                 raise ScheduleError(f"op {t.op!r}: the argmax epilogue needs a norm_matvec")
@@ -111,18 +162,27 @@ def encode_task(program: Program, t: Task) -> list[int]:
         )
         if norms:
             row.update(aux=_offset(program, norms[0]), aux2=_offset(program, norms[1]))
+    elif t.opcode == "moe_topk":
+        row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
+                   aux=_offset(program, op.outputs[1]))
     elif t.opcode == "embed":
         row["out"] = _offset(program, op.outputs[0])
     elif t.opcode == "argmax":
         lm = next(o for o in program.graph.ops() if o.attrs.get("epilogue") == "argmax")
         row.update(**{"in": _offset(program, "argmax_partials")}, count=lm.attrs["tile"]["tasks"],
                    aux=_offset(program, "sample_partials"))
-    return [row[f] for f in FIELDS]
+    return [row[f] for f in cols]
+
+
+def counter_index(program: Program) -> dict[str, int]:
+    return {c.name: i for i, c in enumerate(program.counters)}
 
 
 def encode(program: Program) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tasks [n, fields] int32, stream offsets [ctas + 1] int32, stream task ids int32)."""
-    tasks = np.array([encode_task(program, t) for t in program.tasks], dtype=np.int32)
+    counters, cols = counter_index(program), fields(program)
+    tasks = np.array([encode_task(program, t, counters, cols) for t in program.tasks],
+                     dtype=np.int32)
     offsets = np.cumsum([0] + [len(s) for s in program.streams]).astype(np.int32)
     ids = np.array([i for s in program.streams for i in s], dtype=np.int32)
     return tasks, offsets, ids

@@ -1,0 +1,189 @@
+"""Qwen3-MoE in the CUDA backend, on the CPU: what the codegen accepts and refuses, the MoE
+artifacts (task table, weight layout), the packed experts walked from the task table, and the
+kernel's router run on the host against the interpreter's routing (`ir/moe.py: route`).
+
+The kernel against the interpreter on a GPU (logits, token loop, routing decisions per layer
+and step) is in tests/test_cuda_kernel.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from test_sampling import bits, build_host_kernel, run_host_kernel
+
+import tilertc
+from tilertc.artifact import read_manifest
+from tilertc.backends.cuda import codegen
+from tilertc.backends.cuda.encode import FIELDS, MOE_FIELDS, OPCODES
+from tilertc.cli import main
+from tilertc.engine import pack_weights
+from tilertc.ir.moe import route
+from tilertc.ir.weights import random_weights
+from tilertc.passes.program import ScheduleError
+
+TOOL = Path(__file__).parents[1] / "tools" / "check_artifact.py"
+
+
+def needs_nvcc() -> None:
+    try:
+        codegen.find_nvcc()
+    except FileNotFoundError:
+        pytest.skip("nvcc is not installed")
+
+
+# -- what the codegen takes ----------------------------------------------------------------------
+
+def test_codegen_takes_qwen3_moe_and_compiles_moe_code_only_for_it() -> None:
+    moe = codegen.constants(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))
+    assert {k: moe[k] for k in ("MOE", "MOE_EXPERTS", "MOE_TOP_K", "MOE_NORM_TOPK_PROB")} == {
+        "MOE": 1, "MOE_EXPERTS": 8, "MOE_TOP_K": 2, "MOE_NORM_TOPK_PROB": 1}
+    dense = codegen.constants(tilertc.schedule(tilertc.load_spec("llama-tiny")))
+    assert dense["MOE"] == 0 and not any(k.startswith("MOE_") for k in dense)
+
+
+@pytest.mark.parametrize("op, attrs, message", [
+    ("layers.0.moe.topk", {"scoring": "sigmoid"}, "sigmoid router scores"),
+    ("layers.0.moe.topk", {"n_group": 4, "topk_group": 2}, "group-limited routing"),
+    ("layers.0.moe.topk", {"num_experts": 512}, "more than 256 experts"),
+    ("layers.0.moe.down_proj", {"shared_intermediate": 64}, "a shared expert"),
+    ("layers.1.moe.down_proj", {"intermediate_size": 20}, "expert rows that are not whole"),
+])
+def test_routing_the_kernel_lacks_is_refused_by_name(op: str, attrs: dict[str, Any],
+                                                     message: str) -> None:
+    program = tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny"))
+    program.graph.op(op).attrs.update(attrs)
+    with pytest.raises(ScheduleError, match=f"op '{op}': not yet in the CUDA backend: {message}"):
+        codegen.check_supported(program)
+
+
+# -- the artifacts -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    needs_nvcc()
+    out = tmp_path_factory.mktemp("qwen3-moe-tiny")
+    result = CliRunner().invoke(main, ["compile", "qwen3-moe-tiny", "-o", str(out),
+                                       "--max-seq-len", "64"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def columns(artifact: Path) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The task table by field name, and the manifest."""
+    m = read_manifest(artifact)
+    tasks = np.load(artifact / "schedule.npz")["tasks"]
+    return {name: tasks[:, i] for i, name in enumerate(m["task_fields"])}, m
+
+
+def test_moe_artifact_is_checked_and_its_routed_tasks_name_their_router(tiny: Path) -> None:
+    assert subprocess.run([sys.executable, str(TOOL), str(tiny)]).returncode == 0
+    col, m = columns(tiny)
+    assert m["task_fields"] == [*FIELDS, *MOE_FIELDS]
+    assert "#define MOE 1" in (tiny / "kernel.cu").read_text()
+    counters = m["counters"]
+    for layer in (0, 1):
+        topk = counters.index(f"layers.{layer}.moe.topk")
+        ids = m["buffers"][f"layers.{layer}.moe.expert_ids"]["offset"]
+        weights = m["buffers"][f"layers.{layer}.moe.expert_weights"]["offset"]
+        gate_up = col["signal"] == counters.index(f"layers.{layer}.moe.gate_up")
+        down = col["signal"] == counters.index(f"layers.{layer}.moe.down_proj")
+        assert (col["opcode"][gate_up] == OPCODES["moe_gate_up"]).all()
+        assert (col["opcode"][down] == OPCODES["moe_down_add"]).all()
+        for sel in (gate_up, down):
+            assert (col["route"][sel] == topk).all() and (col["ids"][sel] == ids).all()
+        # qwen3-moe-tiny: 2 slots of 32 rows; a gate/up task reads its slot, a down task both
+        assert (col["slot0"][gate_up] == col["row0"][gate_up] // 32).all()
+        assert (col["slots"][gate_up] == 1).all() and (col["slots"][down] == 2).all()
+        assert (col["aux2"][down] == weights).all()
+        assert (col["row_bytes"][down] == 2 * 32 * 2).all()  # both slots' down rows side by side
+    assert (col["route"][col["opcode"] < OPCODES["moe_topk"]] == -1).all()
+    experts = [e for e in m["weights"]["layout"] if "expert" in e]
+    assert len(experts) == 2 * 2 * 8  # layers x routed ops x experts
+    assert m["weights"]["packed_bytes"] == max(e["offset"] + e["bytes"] for e in experts)
+
+
+def test_full_size_qwen3_30b_a3b_compiles(tmp_path: Path) -> None:
+    needs_nvcc()
+    result = CliRunner().invoke(main, ["compile", "qwen3-30b-a3b", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert subprocess.run([sys.executable, str(TOOL), str(tmp_path)]).returncode == 0
+    col, m = columns(tmp_path)
+    # the experts lie beyond 32 GiB: offsets / 16 use the low word's top bit (read unsigned)
+    offsets = ((col["w_hi"].astype(np.int64) << 32) | (col["w_lo"].astype(np.int64) & 0xFFFFFFFF))
+    assert m["weights"]["packed_bytes"] > 2**35 and (col["w_lo"] < 0).any()
+    assert offsets.max() * 16 < m["weights"]["packed_bytes"]
+
+
+def test_packed_experts_follow_the_task_table(tiny: Path) -> None:
+    """Walk every routed task of the table and, for every expert a slot could be routed to,
+    find that expert's rows where the kernel's loader computes them (the task's weights +
+    expert x stride): gate and up rows interleaved, down rows one slot's piece of each row."""
+    col, m = columns(tiny)
+    weights = random_weights(tilertc.build_graph(tilertc.load_spec("qwen3-moe-tiny"), 64), seed=3)
+    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    inter, walked = 32, 0
+    layer_of = {i: int(name.split(".")[1]) for i, name in enumerate(m["counters"])
+                if name.startswith("layers.")}
+    for i in np.flatnonzero(col["opcode"] >= OPCODES["moe_gate_up"]):
+        base = ((int(col["w_hi"][i]) << 32) | (int(col["w_lo"][i]) & 0xFFFFFFFF)) * 16
+        row0, row1, rb = int(col["row0"][i]), int(col["row1"][i]), int(col["row_bytes"][i])
+        piece = rb // int(col["slots"][i])
+        prefix = f"model.layers.{layer_of[int(col['signal'][i])]}.mlp.experts"
+        for e in range(8):
+            at = base + e * int(col["expert_stride"][i]) * 16
+            if col["opcode"][i] == OPCODES["moe_gate_up"]:
+                r0, r1 = row0 % inter, row0 % inter + row1 - row0
+                gate, up = (weights[f"{prefix}.{e}.{p}.weight"][r0:r1]
+                            for p in ("gate_proj", "up_proj"))
+                want = torch.stack([gate, up], 1).reshape(-1)
+            else:
+                want = weights[f"{prefix}.{e}.down_proj.weight"][row0:row1].reshape(-1)
+            got = packed[at: at + (row1 - row0) * piece].view(torch.bfloat16)
+            assert torch.equal(got, want), f"task {i}, expert {e}"
+            walked += 1
+    assert walked == 8 * 2 * (64 + 64)  # experts x layers x (gate/up tasks + down tasks)
+
+
+# -- the router, run on the host ---------------------------------------------------------------
+
+# (experts, top_k, norm_topk_prob, routed_scaling_factor): qwen3-moe-tiny, Qwen3-30B-A3B, and
+# a count that leaves lanes without a last expert, unnormalized and scaled
+ROUTERS = [(8, 2, True, 1.0), (128, 8, True, 1.0), (60, 4, False, 2.5)]
+
+
+@pytest.mark.parametrize("experts, k, norm, scaling", ROUTERS)
+def test_kernel_router_is_the_interpreters(tmp_path: Path, experts: int, k: int, norm: bool,
+                                           scaling: float) -> None:
+    """Expert ids exactly (best first; equal scores: the lower expert first) and combine weights
+    to float32 rounding, on random logits and on logits with planted exact ties at the top-k
+    boundary, all-equal logits, and a NaN."""
+    moe = {"MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
+           "MOE_SCALING": f"{scaling!r}f"}
+    exe = build_host_kernel(tmp_path, 256, 4, 2, moe)
+    gen = torch.Generator().manual_seed(experts)
+    cases = [torch.randn(experts, generator=gen) * 3 for _ in range(20)]
+    for _ in range(10):  # ties straddling the k-th place
+        x = torch.randn(experts, generator=gen)
+        order = x.argsort(descending=True)
+        x[order[k:k + 3]] = float(x[order[k - 1]])
+        cases.append(x)
+    cases.append(torch.zeros(experts))
+    cases.append(torch.randn(experts, generator=gen))
+    cases[-1][3] = float("nan")  # every score NaN: the ids must still be valid for the loader
+    attrs = {"scoring": "softmax", "n_group": 1, "topk_group": 1, "top_k": k,
+             "norm_topk_prob": norm, "routed_scaling_factor": scaling}
+    lines = run_host_kernel(exe, [f"route {bits(x.numpy())}" for x in cases])
+    for x, line in zip(cases, lines, strict=True):
+        out = [int(v) for v in line.split()]
+        got_w = np.array(out[k:], dtype=np.uint32).view(np.float32)
+        ids, w = route(x[None].float(), None, attrs)
+        assert out[:k] == ids[0].tolist(), f"logits {x.tolist()}"
+        assert np.allclose(got_w, w[0].numpy(), rtol=1e-5, atol=1e-7, equal_nan=True)
