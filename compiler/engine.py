@@ -191,10 +191,11 @@ class Engine:
         b = self.m["buffers"][name]
         return self.act[b["offset"] : b["offset"] + b["numel"]]
 
-    def routing(self) -> dict[int, list[int]]:
-        """The experts the kernel's router chose at the last step, per MoE layer, best first
-        (the `expert_ids` the interpreter's `moe_router` outputs)."""
-        return {op.layer: self._act(op.outputs[0]).view(torch.int32).tolist()
+    def routing(self) -> dict[int, tuple[list[int], list[float]]]:
+        """The kernel's router at the last step, per MoE layer: the chosen experts, best first,
+        and their combine weights (the `moe_router` outputs of the interpreter)."""
+        return {op.layer: (self._act(op.outputs[0]).view(torch.int32).tolist(),
+                           self._act(op.outputs[1]).tolist())
                 for op in self.graph.ops() if op.opcode == "moe_router"}
 
     def _load_cubin(self) -> None:

@@ -12,6 +12,9 @@ must again equal single steps, and seeds must reproduce.
 
 FP8 (`weight_dtype="fp8"`): the same teacher-forced check and token loop, the interpreter
 running the same e4m3 weights and block scales.
+
+MoE (qwen3-moe-tiny runs every test above): the router's decisions, the expert ids of every
+layer at every teacher-forced step, must be the interpreter's, and their combine weights too.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from tilertc.ir.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
 
-MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b"]
+MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b",
+          "qwen3-moe-tiny"]
 PREFILL, STEPS = 100, 64
 
 
@@ -85,6 +89,49 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
         tok, _ = engine.step(tok)
         stepped.append(tok)
     assert looped == stepped
+
+
+ROUTING_TIE = 1e-4  # router scores this close may be ordered either way by fp32 rounding
+
+
+def test_moe_routing_decisions_match_interpreter(tmp_path) -> None:
+    """Teacher-forced steps of qwen3-moe-tiny: after each, every layer's expert ids (best
+    first) are the interpreter's, except where the interpreter's own scores are within rounding
+    of a tie at a place where they differ; the combine weights agree to fp32 rounding. The
+    interpreter keeps its KV cache in bf16 as the kernel does, so that the two routers see the
+    same hidden state up to summation order, not up to the cache's rounding."""
+    out = compile(tilertc.load_spec("qwen3-moe-tiny"), tmp_path, CompileOptions(max_seq_len=512))
+    engine = Engine.load(out, random_seed=1234)
+    routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
+    gen = torch.Generator().manual_seed(17)
+    vocab = engine.spec.vocab_size
+    prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
+    feed = torch.randint(0, vocab, (STEPS,), generator=gen)
+    engine.position = 0
+    engine.prefill(prompt)
+    ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=torch.bfloat16)
+    ref.run(prompt, torch.arange(PREFILL))
+    compared = 0
+    for i, tok in enumerate(feed.tolist()):
+        engine.step(tok)
+        env = ref.run(torch.tensor([tok]), torch.tensor([PREFILL + i]))
+        routing = engine.routing()
+        for op in routers:
+            got, got_w = routing[op.layer]
+            want = env[op.outputs[0]][0].tolist()
+            if got != want:
+                gate = engine.weights[engine.graph.tensors[op.inputs[1]].hf_name]
+                scores = (env[op.inputs[0]][0].float() @ gate.float().to(engine.device).T)
+                scores = scores.softmax(-1)
+                place = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+                close = abs(float(scores[got[place]] - scores[want[place]]))
+                assert close <= ROUTING_TIE, (
+                    f"step {i}, layer {op.layer}: kernel experts {got}, interpreter {want} "
+                    f"(scores differ by {close:.3g})")
+                continue
+            compared += 1
+            assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
+    assert compared >= 0.9 * STEPS * len(routers), "too many routing decisions within a tie"
 
 
 FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]

@@ -1,8 +1,9 @@
 """Check artifact directories without a GPU: `python tools/check_artifact.py DIR [DIR ...]`.
 
-CI runs it on every built-in dense model after `tilertc compile`: the manifest is complete and
-from this compiler, the cubin matches its SHA-256 and holds exactly one kernel entry, and the
-source defines exactly one `__global__`. Prints one line per artifact; exits 1 if any fails.
+CI runs it on every built-in dense and Qwen3-MoE model after `tilertc compile`: the manifest is
+complete and from this compiler, the cubin matches its SHA-256 and holds exactly one kernel
+entry, and the source defines exactly one `__global__`. Prints one line per artifact; exits 1
+if any fails.
 """
 
 from __future__ import annotations
