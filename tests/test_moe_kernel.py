@@ -22,7 +22,7 @@ from test_sampling import bits, build_host_kernel, run_host_kernel
 import tilertc
 from tilertc.artifact import read_manifest
 from tilertc.backends.cuda import codegen
-from tilertc.backends.cuda.encode import FIELDS, MOE_FIELDS, OPCODES
+from tilertc.backends.cuda.encode import EPILOGUES, FIELDS, MOE_FIELDS, OPCODES
 from tilertc.cli import main
 from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
@@ -96,6 +96,8 @@ def test_moe_artifact_is_checked_and_its_routed_tasks_name_their_router(tiny: Pa
         gate_up = col["signal"] == counters.index(f"layers.{layer}.moe.gate_up")
         down = col["signal"] == counters.index(f"layers.{layer}.moe.down_proj")
         assert (col["opcode"][gate_up] == OPCODES["moe_gate_up"]).all()
+        assert (col["epilogue"][gate_up] == EPILOGUES["silu_mul"]).all()
+        assert (col["epilogue"][down] == EPILOGUES["none"]).all()
         assert (col["opcode"][down] == OPCODES["moe_down_add"]).all()
         for sel in (gate_up, down):
             assert (col["route"][sel] == topk).all() and (col["ids"][sel] == ids).all()
@@ -187,3 +189,11 @@ def test_kernel_router_is_the_interpreters(tmp_path: Path, experts: int, k: int,
         ids, w = route(x[None].float(), None, attrs)
         assert out[:k] == ids[0].tolist(), f"logits {x.tolist()}"
         assert np.allclose(got_w, w[0].numpy(), rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+def test_tilelang_backend_refuses_moe_experts() -> None:
+    from tilertc.backends.tilelang.emit import emit
+
+    with pytest.raises(ScheduleError, match="'layers.0.moe.gate_up': MoE experts are not yet in "
+                                            "the TileLang backend"):
+        emit(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))

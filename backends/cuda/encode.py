@@ -124,7 +124,9 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     if t.opcode in ("norm_matvec", "matvec_add", *ROUTED):
         weight = t.segments[0].tensor if t.segments else expert_weights(op)[0][0]
         row.update(
-            epilogue=EPILOGUES[a.get("epilogue", "none")],
+            # a MoE gate/up's rows are gate/up pairs, as a dense gate/up's with silu_mul
+            epilogue=EPILOGUES[a.get("epilogue", "silu_mul" if t.opcode == "moe_gate_up"
+                                     else "none")],
             k=a["K"],
             row_bytes=row_bytes(program, op),
             w_format=WEIGHT_FORMATS[program.graph.tensors[weight].dtype],

@@ -12,6 +12,7 @@ from tilertc.backends.tilelang.requirement import TILELANG_VERSION, load_tilelan
 from tilertc.backends.tilelang.segments import PIECE_ELEMENTS, segment_lengths
 from tilertc.backends.tilelang.tiles import WARP_THREADS, lower_to_cuda, row_segment_tile
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.tiling import ROUTED
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,10 @@ def emit(program: Program) -> Emitted:
     if program.spec.weight_format.is_fp8:  # its tiles read bf16 rows only
         raise ScheduleError(f"{program.spec.name}: FP8 weights are not yet in the TileLang "
                             "backend (its row-segment tiles are bf16); use --backend cuda")
+    routed = next((op.name for op in program.graph.ops() if op.opcode in ROUTED), None)
+    if routed:  # its tiles cover the row-segment lengths of norm_matvec and matvec_add only
+        raise ScheduleError(f"op {routed!r}: MoE experts are not yet in the TileLang backend; "
+                            "use --backend cuda")
     tilelang = load_tilelang()
     cuda_source = codegen.emit_source(program)  # also refuses what the skeleton cannot run
     lengths = segment_lengths(program)
