@@ -19,6 +19,8 @@ layer at every teacher-forced step, must be the interpreter's, and their combine
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
@@ -51,21 +53,30 @@ def test_teacher_forced_logits_match_interpreter(engine: Engine) -> None:
     check_teacher_forced(engine)
 
 
-def check_teacher_forced(engine: Engine) -> None:
-    """The kernel's logits step by step against the interpreter's with the engine's weights
-    (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32)."""
-    gen = torch.Generator().manual_seed(7)
+def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = None
+                 ) -> Iterator[tuple[int, int, torch.Tensor, dict[str, torch.Tensor]]]:
+    """Teacher-forced steps: after a random prompt prefilled in both, feed the kernel and the
+    interpreter (float32, the engine's weights; its KV cache in `cache_dtype`) the same random
+    tokens; yields (step, the kernel's token, its logits, the interpreter's tensors)."""
+    gen = torch.Generator().manual_seed(seed)
     vocab = engine.spec.vocab_size
     prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
     feed = torch.randint(0, vocab, (STEPS,), generator=gen)
     engine.position = 0
     engine.prefill(prompt)
-    ref = Interpreter(engine.graph, engine.weights, engine.device)
+    ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=cache_dtype)
     ref.run(prompt, torch.arange(PREFILL))
-    errs, agree, checked = [], 0, 0
     for i, tok in enumerate(feed.tolist()):
         got_tok, got = engine.step(tok)
-        want = ref.run(torch.tensor([tok]), torch.tensor([PREFILL + i]))["logits"][0]
+        yield i, got_tok, got, ref.run(torch.tensor([tok]), torch.tensor([PREFILL + i]))
+
+
+def check_teacher_forced(engine: Engine) -> None:
+    """The kernel's logits step by step against the interpreter's with the engine's weights
+    (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32)."""
+    errs, agree, checked = [], 0, 0
+    for i, got_tok, got, env in forced_steps(engine, 7):
+        want = env["logits"][0]
         errs.append(rel_err(got, want))
         top2 = want.topk(2).values
         if float(top2[0] - top2[1]) > 2e-2 * float(want.abs().max()):
@@ -103,18 +114,8 @@ def test_moe_routing_decisions_match_interpreter(tmp_path) -> None:
     out = compile(tilertc.load_spec("qwen3-moe-tiny"), tmp_path, CompileOptions(max_seq_len=512))
     engine = Engine.load(out, random_seed=1234)
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
-    gen = torch.Generator().manual_seed(17)
-    vocab = engine.spec.vocab_size
-    prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
-    feed = torch.randint(0, vocab, (STEPS,), generator=gen)
-    engine.position = 0
-    engine.prefill(prompt)
-    ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=torch.bfloat16)
-    ref.run(prompt, torch.arange(PREFILL))
     compared = 0
-    for i, tok in enumerate(feed.tolist()):
-        engine.step(tok)
-        env = ref.run(torch.tensor([tok]), torch.tensor([PREFILL + i]))
+    for i, _, _, env in forced_steps(engine, 17, torch.bfloat16):
         routing = engine.routing()
         for op in routers:
             got, got_w = routing[op.layer]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from test_fp8_kernel import needs_nvcc
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
 import tilertc
@@ -30,13 +31,6 @@ from tilertc.ir.weights import random_weights
 from tilertc.passes.program import ScheduleError
 
 TOOL = Path(__file__).parents[1] / "tools" / "check_artifact.py"
-
-
-def needs_nvcc() -> None:
-    try:
-        codegen.find_nvcc()
-    except FileNotFoundError:
-        pytest.skip("nvcc is not installed")
 
 
 # -- what the codegen takes ----------------------------------------------------------------------
