@@ -191,3 +191,58 @@ def test_tilelang_backend_refuses_moe_experts() -> None:
     with pytest.raises(ScheduleError, match="'layers.0.moe.gate_up': MoE experts are not yet in "
                                             "the TileLang backend"):
         emit(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))
+
+
+def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(tiny: Path) -> None:
+    """The routed tasks of one layer done the way decode.cuh does them, from nothing but the
+    task table, the act arena and the packed weights: the loader's addresses (w + expert x
+    stride, a down row gathered from every slot's piece), the staged input (RMS-normalized for
+    gate/up; each slot's activations times its combine weight for down), the dot products and
+    the epilogues (silu_mul; the residual). The layer's output must be the interpreter's."""
+    col, m = columns(tiny)
+    spec = tilertc.load_spec("qwen3-moe-tiny")
+    weights = random_weights(tilertc.build_graph(spec, 64), seed=4)
+    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    ref = tilertc.ir.interpreter.Interpreter(tilertc.build_graph(spec, 64), weights,
+                                             torch.device("cpu"))
+    env = {k: v[-1] for k, v in ref.run(torch.tensor([5, 9, 2]), torch.arange(3)).items()}
+    act = torch.full((m["arenas"]["act"],), float("nan"))
+    for name in ("layers.0.x.attn", "layers.0.post_attention_layernorm",
+                 "layers.0.moe.expert_weights"):
+        b = m["buffers"][name]
+        act[b["offset"]: b["offset"] + b["numel"]] = (
+            weights[b["hf_name"]].float() if b["hf_name"] else env[name])
+    ids = m["buffers"]["layers.0.moe.expert_ids"]
+    act[ids["offset"]: ids["offset"] + ids["numel"]] = env["layers.0.moe.expert_ids"].int().view(
+        torch.float32)
+
+    def rows(i: int, piece: int, n: int) -> torch.Tensor:
+        """The task's rows as the loader fetches them: piece j of every row from the expert the
+        router put in slot slot0 + j."""
+        base = ((int(col["w_hi"][i]) << 32) | (int(col["w_lo"][i]) & 0xFFFFFFFF)) * 16
+        chosen = act[col["ids"][i] + col["slot0"][i]:][:col["slots"][i]].view(torch.int32)
+        parts = [packed[base + int(e) * int(col["expert_stride"][i]) * 16:][:n * piece]
+                 .view(torch.bfloat16).float().reshape(n, -1) for e in chosen]
+        return torch.cat(parts, 1)
+
+    counters = m["counters"]
+    for op, opcode in (("gate_up", "moe_gate_up"), ("down_proj", "moe_down_add")):
+        for i in np.flatnonzero(col["signal"] == counters.index(f"layers.0.moe.{op}")):
+            assert col["opcode"][i] == OPCODES[opcode]
+            k, n, r0 = int(col["k"][i]), int(col["row1"][i] - col["row0"][i]), int(col["row0"][i])
+            x = act[col["in"][i]:][:k]
+            if opcode == "moe_gate_up":
+                eps = np.array(col["eps"][i], dtype=np.int32).view(np.float32)
+                x = x * act[col["aux"][i]:][:k] * torch.rsqrt(x.square().mean() + float(eps))
+                w = rows(i, int(col["row_bytes"][i]), n)
+                y = w[:, :k] @ x  # the epilogue decides whether a row is a gate/up pair
+                if col["epilogue"][i] == EPILOGUES["silu_mul"]:
+                    y = torch.nn.functional.silu(y) * (w[:, k:] @ x)
+            else:
+                slots = int(col["slots"][i])
+                x = x * act[col["aux2"][i]:][:slots].repeat_interleave(k // slots)
+                y = rows(i, int(col["row_bytes"][i]) // slots, n) @ x + act[col["aux"][i] + r0:][:n]
+            act[col["out"][i] + r0:][:n] = y
+    out = m["buffers"]["layers.0.x.ffn"]
+    got = act[out["offset"]: out["offset"] + out["numel"]]
+    assert torch.allclose(got, env["layers.0.x.ffn"], rtol=1e-4, atol=1e-5)
