@@ -4,7 +4,7 @@
 #   bash tools/gpu_check.sh [OUT_DIR]
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine),
-# runs the `gpu` tests, compute-sanitizer memcheck and racecheck on the dense tiny models
+# runs the `gpu` tests, compute-sanitizer memcheck and racecheck on the tiny models
 # (tools/sanitize_decode.py), and a short `tilertc bench` of llama-3.2-1b with its profile.
 # Logs and bench files go to OUT_DIR (default $OUT, else ./gpu-check); one summary line per
 # step goes to stdout. TileLang artifacts compiled elsewhere are used when
@@ -22,7 +22,7 @@ timeout 400 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider >"$out/pytest.t
 echo "gpu tests (rc $?): $(tail -1 "$out/pytest.txt")"
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for model in llama-tiny qwen3-tiny llama-tiny-odd; do
+for model in llama-tiny qwen3-tiny llama-tiny-odd qwen3-moe-tiny; do
     timeout 120 "$sanitizer" --tool memcheck --report-api-errors no \
         python3 tools/sanitize_decode.py "$model" >"$out/memcheck-$model.txt" 2>&1
     echo "memcheck $model (rc $?): $(grep -h 'ERROR SUMMARY' "$out/memcheck-$model.txt")"
