@@ -40,6 +40,7 @@ from tilertc.bench_report import (
 )
 from tilertc.compile_report import StageDisplay
 from tilertc.model_specs import load_spec
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.profile import StepProfile, op_table, print_op_table, profile_engine
 
@@ -74,6 +75,7 @@ class BenchConfig:
     device: str = "cuda:0"
     profile: bool = False
     tuning: tuple[tuple[str, int], ...] = ()  # (knob, value) for the compile, to try schedules
+    weight_dtype: str | None = None  # "fp8" / "bf16" for the compile; None: the config's own
     backends: tuple[str, ...] = ("cuda",)  # one kernel per backend; the first is "tilertc"
     artifacts: tuple[Path, ...] = ()  # prebuilt kernels of the same model, timed as well
     command: str = ""
@@ -177,11 +179,12 @@ def check_model(config: BenchConfig) -> Path | ModelSpec:
                              f"{capacity}: recompile with --max-seq-len {capacity}")
         if m["options"]["tp"] != config.tp:
             raise BenchError(f"{src} was compiled for tp={m['options']['tp']}, not {config.tp}")
-        if config.tuning or config.backends != ("cuda",):
-            raise BenchError("tuning knobs and backends apply to a compile; an artifact "
-                             "directory keeps what it was built with (add more with --artifact)")
+        if config.tuning or config.backends != ("cuda",) or config.weight_dtype:
+            raise BenchError("tuning knobs, backends and weight dtypes apply to a compile; an "
+                             "artifact directory keeps what it was built with (add more with "
+                             "--artifact)")
         return src
-    spec = load_spec(config.model)
+    spec = with_weight_dtype(load_spec(config.model), config.weight_dtype)
     if capacity > spec.max_position_embeddings:
         raise BenchError(f"the points need {capacity} positions, more than {spec.name}'s "
                          f"max_position_embeddings {spec.max_position_embeddings}")
@@ -199,7 +202,7 @@ def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig,
     kernels = [("tilertc", model)] if isinstance(model, Path) else []
     for i, backend in enumerate(() if kernels else config.backends):
         options = CompileOptions(backend=backend, tp=config.tp, max_seq_len=capacity,
-                                 **dict(config.tuning))
+                                 weight_dtype=config.weight_dtype, **dict(config.tuning))
         out = config.out / ("artifact" if i == 0 else f"artifact-{backend}")
         with phase(f"compiling {model.name} with {backend} (KV capacity {capacity})"):
             kernels.append(("tilertc" if i == 0 else f"tilertc-{backend}",
@@ -359,7 +362,8 @@ def run_bench(config: BenchConfig,
         model={"name": spec.name, "spec_hash": spec.content_hash()},
         artifact=records["tilertc"]["artifact"],
         device={"name": device_name, "torch": torch.__version__, "cuda": torch.version.cuda},
-        weights=config.weights or f"random bf16 (seed {config.seed})",
+        weights=config.weights or (f"random {'fp8' if spec.weight_format.is_fp8 else 'bf16'} "
+                                   f"(seed {config.seed})"),
         ceiling={"bytes_per_s": ceiling.bytes_per_s, "method": ceiling.name},
         gate=records["tilertc"]["gate"], points=points, command=config.command,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"), kernels=records)

@@ -299,11 +299,12 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 @click.option("--artifact", "artifacts", multiple=True, type=click.Path(exists=True,
               file_okay=False), help="Also time this prebuilt artifact of the same model "
               "(e.g. a TileLang build from a machine with TileLang; repeatable).")
+@WEIGHT_DTYPE
 @click.option("--device", default="cuda:0", show_default=True)
 def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
                   tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
                   tune: tuple[str, ...], backends: str, artifacts: tuple[str, ...],
-                  device: str) -> None:
+                  weight_dtype: str | None, device: str) -> None:
     """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
     graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
 
@@ -342,6 +343,7 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
                          out=Path(out_dir or f"bench-{name}"), systems=chosen, weights=weights,
                          seed=seed, tp=tp, device=device, profile=profile, tuning=tuning,
                          backends=chosen_backends, artifacts=tuple(map(Path, artifacts)),
+                         weight_dtype=weight_dtype,
                          command=" ".join(["tilertc", *sys.argv[1:]]))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables to 80 columns

@@ -379,9 +379,20 @@ def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
     mixed = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(other_dir,))
     with pytest.raises(BenchError, match="holds qwen3-tiny, not the benchmarked model"):
         resolve_artifacts(check_model(mixed), mixed, quiet_phase)
-    # an artifact directory as MODEL keeps its backend
+    # an artifact directory as MODEL keeps its backend and weight format
     with pytest.raises(BenchError, match="add more with --artifact"):
         check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path, backends=("tilelang",)))
+    with pytest.raises(BenchError, match="weight dtypes apply to a compile"):
+        check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path, weight_dtype="fp8"))
+
+
+def test_fp8_weights_are_compiled_for_the_bench(tmp_path: Path) -> None:
+    config = BenchConfig("llama-tiny", ((64, 32),), tmp_path, weight_dtype="fp8")
+    spec = check_model(config)
+    assert spec.weight_format.is_fp8
+    ((_, artifact),) = resolve_artifacts(spec, config, quiet_phase)
+    m = json.loads((artifact / "manifest.json").read_text())
+    assert m["options"]["weight_dtype"] == "fp8" and m["kernel"]["constants"]["WEIGHT_FP8"] == 1
 
 
 def test_check_model_refuses_a_context_beyond_the_model() -> None:
@@ -394,7 +405,8 @@ def test_help_names_every_option() -> None:
     result = cli("bench", "--help")
     assert result.exit_code == 0
     for option in ("--context", "--gen", "--points", "--systems", "--tp", "--weights", "--out",
-                   "--profile", "--device", "--tune", "--backend", "--artifact"):
+                   "--profile", "--device", "--tune", "--backend", "--artifact",
+                   "--weight-dtype"):
         assert option in result.output
 
 
