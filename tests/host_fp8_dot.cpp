@@ -1,4 +1,4 @@
-// The FP8 dot product of backends/cuda/decode.cuh (dot4_fp8, dot_segment_fp8), run on the host
+// The FP8 dot product of backends/cuda/decode.cuh (dot_groups, Fp8Row, dot_segment_fp8), run on the host
 // (tests/test_fp8_kernel.py).
 //
 // The test extracts the kernel's FP8 section into fp8_extract.inc and compiles this file with

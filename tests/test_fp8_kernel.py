@@ -245,10 +245,13 @@ HARNESS = Path(__file__).with_name("host_fp8_dot.cpp")
 
 
 def fp8_source() -> str:
-    """decode.cuh's FP8 section: the block-size check, dot4_fp8 and dot_segment_fp8."""
+    """decode.cuh's row loop (dot_groups) and its FP8 section: the block-size check, Fp8Row and
+    dot_segment_fp8."""
     src = codegen.LIBRARY.read_text()
+    loop = src.index("// The loop every row format shares")
     start = src.index("// FP8 rows (ir/fp8.py")
-    return src[start:src.index("\n#endif", start)] + "\n"
+    return (src[loop:src.index("// A bf16 row", loop)]
+            + src[start:src.index("\n#endif", start)] + "\n")
 
 
 @pytest.fixture(scope="module")

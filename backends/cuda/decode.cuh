@@ -713,39 +713,50 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   }
 }
 
-// acc + the dot product of 4 bf16 weights (8 bytes) with 4 fp32 inputs.
-__device__ __forceinline__ float dot4(const uint2 q, const float4 a, float acc) {
-  const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
-  const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
-  acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc);
-  acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
-  return acc;
-}
-
-// Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
-// Lanes take the pieces' 8-byte halves in turn, so that a warp's loads are contiguous: 256 B
-// of weights and 512 B of x, no bank conflicts (a lane reading a whole piece would read x at a
-// 32-byte stride, twice the shared-memory wavefronts). Four independent sums, loads first, so
-// that a page's time on the compute warps (part of its ring slot's time) is short.
-__device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
-  const uint2* wh = reinterpret_cast<const uint2*>(w);
-  const float4* xh = reinterpret_cast<const float4*>(x);
+// The loop every row format shares: a segment's 4-column groups [2 begin, 2 end), lane l taking
+// groups l, l + 32, ..., so that a warp's loads are contiguous (for bf16: 256 B of weights and
+// 512 B of x; a lane reading a whole 16-byte piece would read x at a 32-byte stride, twice the
+// shared-memory wavefronts). Four groups at a time, loads first, into four independent sums,
+// so that a page's time on the compute warps (part of its ring slot's time) is short. `Row`
+// says how a group's weights are loaded (`load`) and multiplied with 4 inputs (`dot`).
+template <class Row>
+__device__ __forceinline__ float dot_groups(const Row& row, const float* x, int begin, int end, int lane) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int i = 2 * begin + lane;
   const int stop = 2 * end;
   for (; i + 96 < stop; i += 128) {
-    uint2 q[4];
+    typename Row::Group q[4];
     float4 a[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      q[u] = wh[i + 32 * u];
-      a[u] = xh[i + 32 * u];
+      q[u] = row.load(i + 32 * u);
+      a[u] = x4[i + 32 * u];
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) acc[u] = dot4(q[u], a[u], acc[u]);
+    for (int u = 0; u < 4; ++u) acc[u] = Row::dot(q[u], a[u], acc[u]);
   }
-  for (; i < stop; i += 32) acc[0] = dot4(wh[i], xh[i], acc[0]);
+  for (; i < stop; i += 32) acc[0] = Row::dot(row.load(i), x4[i], acc[0]);
   return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// A bf16 row: a group is 4 weights, 8 bytes.
+struct Bf16Row {
+  using Group = uint2;
+  const uint2* w;
+  __device__ __forceinline__ Group load(int i) const { return w[i]; }
+  __device__ __forceinline__ static float dot(const Group q, const float4 a, float acc) {
+    const float2 w0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.x));
+    const float2 w1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&q.y));
+    acc = fmaf(w0.x, a.x, acc); acc = fmaf(w0.y, a.y, acc);
+    acc = fmaf(w1.x, a.z, acc); acc = fmaf(w1.y, a.w, acc);
+    return acc;
+  }
+};
+
+// Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
+__device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
+  return dot_groups(Bf16Row{reinterpret_cast<const uint2*>(w)}, x, begin, end, lane);
 }
 
 #if WEIGHT_FP8
@@ -753,49 +764,36 @@ __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int
 // columns (the row's block row of weight_scale_inv), padded to 16 bytes.
 static_assert(FP8_BLOCK_COLS % 4 == 0, "a lane's 4 columns must lie in one scale block");
 
-// acc + scale x the dot product of 4 e4m3 weights (4 bytes) with 4 fp32 inputs. The pairs
-// convert to f16x2 in one instruction, exactly (every e4m3 value is an f16 value); the block
-// scale multiplies the 4-term sum, not each weight.
-__device__ __forceinline__ float dot4_fp8(uint32_t q, const float4 a, float scale, float acc) {
-  const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(q & 0xffffu), __NV_E4M3)));
-  const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-      static_cast<__nv_fp8x2_storage_t>(q >> 16), __NV_E4M3)));
-  float d = w0.x * a.x;
-  d = fmaf(w0.y, a.y, d);
-  d = fmaf(w1.x, a.z, d);
-  d = fmaf(w1.y, a.w, d);
-  return fmaf(d, scale, acc);
-}
+// An FP8 row of k columns: a group is 4 e4m3 weights (4 bytes) and the scale of their block.
+// The pairs convert to f16x2 in one instruction, exactly (every e4m3 value is an f16 value); the
+// block scale multiplies the 4-term sum, not each weight. A warp's lanes read at most two scales.
+struct Fp8Row {
+  static constexpr int GROUPS_PER_BLOCK = FP8_BLOCK_COLS / 4;
+  struct Group {
+    uint32_t q;
+    float scale;
+  };
+  const uint32_t* w;
+  const float* scale;
+  __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i / GROUPS_PER_BLOCK]}; }
+  __device__ __forceinline__ static float dot(const Group g, const float4 a, float acc) {
+    const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(g.q & 0xffffu), __NV_E4M3)));
+    const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+        static_cast<__nv_fp8x2_storage_t>(g.q >> 16), __NV_E4M3)));
+    float d = w0.x * a.x;
+    d = fmaf(w0.y, a.y, d);
+    d = fmaf(w1.x, a.z, d);
+    d = fmaf(w1.y, a.w, d);
+    return fmaf(d, g.scale, acc);
+  }
+};
 
-// dot_segment for an FP8 row of k columns: the same 8-column groups [begin, end), the same
-// four sums. Lanes take the row's 4-byte quarters in turn, so that a warp's loads stay
-// contiguous: 128 B of weights and 512 B of x (8 bytes a lane would read x at a 32-byte
-// stride). A quarter's columns share one scale; a warp's lanes read at most two of them.
+// dot_segment for an FP8 row of k columns: the same 8-column groups [begin, end).
 __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, const float* x, int begin, int end,
                                                  int lane) {
-  constexpr int QUARTERS_PER_BLOCK = FP8_BLOCK_COLS / 4;
-  const uint32_t* wq = reinterpret_cast<const uint32_t*>(row);
-  const float* scale = reinterpret_cast<const float*>(row + k);
-  const float4* xq = reinterpret_cast<const float4*>(x);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  int i = 2 * begin + lane;
-  const int stop = 2 * end;
-  for (; i + 96 < stop; i += 128) {
-    uint32_t q[4];
-    float4 a[4];
-    float sc[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      q[u] = wq[i + 32 * u];
-      a[u] = xq[i + 32 * u];
-      sc[u] = scale[(i + 32 * u) / QUARTERS_PER_BLOCK];
-    }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc[u] = dot4_fp8(q[u], a[u], sc[u], acc[u]);
-  }
-  for (; i < stop; i += 32) acc[0] = dot4_fp8(wq[i], xq[i], scale[i / QUARTERS_PER_BLOCK], acc[0]);
-  return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k)},
+                    x, begin, end, lane);
 }
 #endif
 
