@@ -1,7 +1,13 @@
 """Run a few decode steps of a compiled model under compute-sanitizer:
 
-    compute-sanitizer --tool memcheck python tools/sanitize_decode.py llama-tiny
-    compute-sanitizer --tool racecheck python tools/sanitize_decode.py llama-tiny
+    compute-sanitizer --tool memcheck --report-api-errors no \
+        python tools/sanitize_decode.py llama-tiny
+    compute-sanitizer --tool racecheck python tools/sanitize_decode.py llama-tiny [KNOB=N ...]
+
+(`--report-api-errors no`: cuda-bindings looks up every driver entry point at start-up, and
+memcheck counts each one this driver lacks as an API error; those are not the kernel's.)
+KNOB=N compiles with a schedule knob (`CompileOptions` tuning: compute_warps, page_kb,
+page_groups), e.g. `page_kb=9`: 9 KB pages, which every row of llama-tiny-odd divides.
 
 Compiles MODEL (small KV capacity), loads random weights, prefills, then runs single steps,
 a greedy token loop and a sampled token loop, so that every opcode and the in-kernel loop run
@@ -21,10 +27,11 @@ from tilertc.driver import CompileOptions, compile
 from tilertc.engine import Engine
 
 
-def main(model: str) -> None:
+def main(model: str, knobs: list[str]) -> None:
     spec = tilertc.load_spec(model)
+    tuning = {k: int(v) for k, v in (knob.split("=", 1) for knob in knobs)}
     with tempfile.TemporaryDirectory() as tmp:
-        art = compile(spec, tmp, CompileOptions(max_seq_len=128, lineinfo=True))
+        art = compile(spec, tmp, CompileOptions(max_seq_len=128, lineinfo=True, **tuning))
         engine = Engine.load(art, random_seed=5, watchdog_s=600.0)
         gen = torch.Generator().manual_seed(3)
         prompt = torch.randint(0, spec.vocab_size, (20,), generator=gen)
@@ -39,4 +46,4 @@ def main(model: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "llama-tiny")
+    main(sys.argv[1] if len(sys.argv) > 1 else "llama-tiny", sys.argv[2:])
