@@ -184,9 +184,12 @@ class Interpreter:
         self.params: dict[str, torch.Tensor] = {}
         # Block scales of FP8 weights: folded into their weight here, so no op sees them.
         self.scales = {t.attrs["scale_inv"] for t in graph.weights() if "scale_inv" in t.attrs}
+        # Weights stay in their own dtype on the device and are widened one op at a time (an
+        # exact conversion): a 30B model's bf16 weights fit beside the kernel's packed copy, an
+        # fp32 copy of all of them would not.
         for t in graph.weights():
             if t.name not in self.scales:
-                self.params[t.name] = self.weight_value(t, weights).to(self.device, dtype)
+                self.params[t.name] = self.weight_value(t, weights).to(self.device)
         cache_dtype = cache_dtype or dtype
         self.state = {t.name: torch.zeros(t.shape, dtype=cache_dtype, device=self.device)
                       for t in graph.tensors.values() if t.kind is TensorKind.KV_CACHE}
@@ -210,7 +213,8 @@ class Interpreter:
         env["pos"] = step.positions
         env.update(self.state)
         for op in self.graph.ops():
-            ins = [env[i] for i in op.inputs if i not in self.scales]
+            ins = [env[i].to(self.dtype) if i in self.params else env[i]
+                   for i in op.inputs if i not in self.scales]
             outs = SEMANTICS[op.opcode](op, ins, step)
             env.update(zip(op.outputs, outs, strict=True))
         return env

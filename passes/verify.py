@@ -608,7 +608,7 @@ class TaskContext:
         m.actor_mark[buffer][idx] = self.actor
 
     def weight(self, name: str) -> torch.Tensor:
-        return self.interp.params[name]
+        return self.interp.params[name].to(self.interp.dtype)
 
     def source(self, name: str) -> Op:
         return self.sources[name]
