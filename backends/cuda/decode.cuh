@@ -347,6 +347,22 @@ __device__ void signal_done(const Params& p, const int* t) {
 }
 
 // ---- sampling (ir/sampling.py defines what this computes, and why) -------------------------
+// (v, r) takes the place of (best, best_row) if it is larger, or equal with a lower row: of equal
+// values the lowest row wins, as in torch.argmax.
+__device__ __forceinline__ void keep_best(float v, int r, float& best, int& best_row) {
+  if (v > best || (v == best && r < best_row)) {
+    best = v;
+    best_row = r;
+  }
+}
+
+// Every lane ends with its warp's best (value, row) pair.
+__device__ __forceinline__ void warp_best(float& best, int& best_row) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    keep_best(__shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, best_row, o), best, best_row);
+}
+
 // Greedy: the (max logit, row) reduction. Temperature only: the same reduction over Gumbel-max
 // scores logit / T + g, g = -log(-log u) with a counter-based u per (seed, position, row).
 // top-k / top-p: each lm_head task leaves its SAMPLE_SLOTS best logits and its softmax partial
@@ -595,21 +611,9 @@ __device__ int draw_sorted(const Params& p, const Sampling& sp, const float2* so
   int best_row = 0x7fffffff;
   for (int j = lane; j < n; j += 32) {
     const int r = __float_as_int(sorted[j].y);
-    const float v = gumbel_score(sorted[j].x, sp.temp, key, r);
-    if (v > best || (v == best && r < best_row)) {
-      best = v;
-      best_row = r;
-    }
+    keep_best(gumbel_score(sorted[j].x, sp.temp, key, r), r, best, best_row);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, o);
-    const int r = __shfl_xor_sync(0xffffffffu, best_row, o);
-    if (v > best || (v == best && r < best_row)) {
-      best = v;
-      best_row = r;
-    }
-  }
+  warp_best(best, best_row);
   return best_row;
 }
 
@@ -811,29 +815,16 @@ __device__ __forceinline__ int warps_per_row(int rows_in_page) {
 // then over warps; ties go to the lower row.
 __device__ void cta_best(Shared& s, float& best, int& best_row, int ct) {
   const int warp = ct >> 5, lane = ct & 31;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, o);
-    const int i = __shfl_xor_sync(0xffffffffu, best_row, o);
-    if (v > best || (v == best && i < best_row)) {
-      best = v;
-      best_row = i;
-    }
-  }
+  warp_best(best, best_row);
   if (lane == 0) {  // after rstd was read: every thread read it before the loop above
     s.red[2 * COMPUTE_WARPS + 2 + 2 * warp] = best;
     s.red[2 * COMPUTE_WARPS + 3 + 2 * warp] = __int_as_float(best_row);
   }
   compute_sync();
   if (ct == 0) {
-    for (int w = 1; w < COMPUTE_WARPS; ++w) {
-      const float v = s.red[2 * COMPUTE_WARPS + 2 + 2 * w];
-      const int i = __float_as_int(s.red[2 * COMPUTE_WARPS + 3 + 2 * w]);
-      if (v > best || (v == best && i < best_row)) {
-        best = v;
-        best_row = i;
-      }
-    }
+    for (int w = 1; w < COMPUTE_WARPS; ++w)
+      keep_best(s.red[2 * COMPUTE_WARPS + 2 + 2 * w], __float_as_int(s.red[2 * COMPUTE_WARPS + 3 + 2 * w]), best,
+                best_row);
   }
 }
 
@@ -1130,14 +1121,8 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
   const float* part = p.act + t[F_IN];
   float best = -INFINITY;
   int tok = 0x7fffffff;
-  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32) {
-    const float v = __ldcg(part + 2 * i);
-    const int r = __float_as_int(__ldcg(part + 2 * i + 1));
-    if (v > best || (v == best && r < tok)) {
-      best = v;
-      tok = r;
-    }
-  }
+  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32)
+    keep_best(__ldcg(part + 2 * i), __float_as_int(__ldcg(part + 2 * i + 1)), best, tok);
   cta_best(s, best, tok, ct);
   if (ct == 0) publish_token(p, step, tok);
 }
