@@ -239,6 +239,28 @@ def merge_chunks(ctx: Context, buffer: str, base: int, chunks: int, heads: int,
     return (weights[..., None] * parts[:, :, :width]).sum(0).reshape(-1)
 
 
+Geometry = Callable[[Op], tuple[int, int, int, int]]
+
+
+def chunk_merge(geometry: Geometry, partials: str) -> tuple[MergeAccesses, MergeCompute]:
+    """The merge of one group of a chunked attention op: every chunk's partial result, laid out
+    group by group in the scratch buffer `partials`, into the group's rows of the op's output.
+    `geometry(op)` gives (heads per group, output width per head, chunks, floats of one chunk's
+    partial result)."""
+
+    def accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
+        heads, width, chunks, part = geometry(op)
+        return [read(partials, g * chunks * part, (g + 1) * chunks * part),
+                write(op.outputs[0], g * heads * width, (g + 1) * heads * width)]
+
+    def compute(ctx: Context, op: Op, g: int) -> None:
+        heads, width, chunks, part = geometry(op)
+        out = merge_chunks(ctx, partials, g * chunks * part, chunks, heads, width)
+        ctx.write(op.outputs[0], g * heads * width, out)
+
+    return accesses, compute
+
+
 def _attention_geometry(op: Op) -> tuple[int, int, int, int]:
     """(query heads per group, head dim, chunks, floats of one chunk's partial result)."""
     a = op.attrs
@@ -323,17 +345,5 @@ def chunk_step(ctx: Context, rows: int) -> Step:
     return Step(torch.tensor([rows - 1]), {}, ctx.istep.dtype)
 
 
-def _attention_merge_accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
-    group, hd, chunks, part = _attention_geometry(op)
-    return [read("attn_partials", g * chunks * part, (g + 1) * chunks * part),
-            write(op.outputs[0], g * group * hd, (g + 1) * group * hd)]
-
-
-def _attention_merge(ctx: Context, op: Op, g: int) -> None:
-    group, hd, chunks, part = _attention_geometry(op)
-    out = merge_chunks(ctx, "attn_partials", g * chunks * part, chunks, group, hd)
-    ctx.write(op.outputs[0], g * group * hd, out)
-
-
-KINDS["attention"] = TaskKind(_attention_accesses, _attention, _attention_merge_accesses,
-                              _attention_merge)
+KINDS["attention"] = TaskKind(_attention_accesses, _attention,
+                              *chunk_merge(_attention_geometry, "attn_partials"))

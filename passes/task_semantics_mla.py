@@ -28,9 +28,9 @@ from tilertc.passes.task_semantics import (
     Context,
     TaskKind,
     chunk_bounds,
+    chunk_merge,
     chunk_result,
     chunk_step,
-    merge_chunks,
     read,
     run,
     source,
@@ -186,20 +186,8 @@ def _mla_attention(ctx: Context, t: Task) -> None:
     ctx.write("mla_partials", ch.partial[0], result)
 
 
-def _mla_merge_accesses(program: Program, op: Op, g: int, pos: int) -> list[Access]:
-    heads, r, chunks, part = _mla_geometry(op)
-    return [read("mla_partials", g * chunks * part, (g + 1) * chunks * part),
-            write(op.outputs[0], g * heads * r, (g + 1) * heads * r)]
-
-
-def _mla_merge(ctx: Context, op: Op, g: int) -> None:
-    heads, r, chunks, part = _mla_geometry(op)
-    out = merge_chunks(ctx, "mla_partials", g * chunks * part, chunks, heads, r)
-    ctx.write(op.outputs[0], g * heads * r, out)
-
-
-KINDS["mla_attention"] = TaskKind(_mla_attention_accesses, _mla_attention, _mla_merge_accesses,
-                                  _mla_merge)
+KINDS["mla_attention"] = TaskKind(_mla_attention_accesses, _mla_attention,
+                                  *chunk_merge(_mla_geometry, "mla_partials"))
 
 
 # -- DSA indexer -------------------------------------------------------------------------------
