@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from rich.console import Console
@@ -191,31 +191,39 @@ def check_model(config: BenchConfig) -> Path | ModelSpec:
     return spec
 
 
-def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig,
-                      phase: Phase) -> list[tuple[str, Path]]:
-    """The kernels to time, as (system name, artifact directory): the artifact given, or the
-    spec compiled with each backend (OUT/artifact, then OUT/artifact-BACKEND); then the
-    --artifact directories, which must hold the same model with room for every point."""
+class Kernel(NamedTuple):
+    """A kernel to time: its system name, artifact directory and manifest."""
+
+    name: str
+    path: Path
+    manifest: dict[str, Any]
+
+
+def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig, phase: Phase) -> list[Kernel]:
+    """The kernels to time: the artifact given, or the spec compiled with each backend
+    (OUT/artifact, then OUT/artifact-BACKEND); then the --artifact directories, which must hold
+    the same model with room for every point."""
     from tilertc.driver import CompileOptions, compile
 
     capacity = capacity_for(config.points)
-    kernels = [("tilertc", model)] if isinstance(model, Path) else []
-    for i, backend in enumerate(() if kernels else config.backends):
+    paths = [("tilertc", model)] if isinstance(model, Path) else []
+    for i, backend in enumerate(() if paths else config.backends):
         options = CompileOptions(backend=backend, tp=config.tp, max_seq_len=capacity,
                                  weight_dtype=config.weight_dtype, **dict(config.tuning))
         out = config.out / ("artifact" if i == 0 else f"artifact-{backend}")
         with phase(f"compiling {model.name} with {backend} (KV capacity {capacity})"):
-            kernels.append(("tilertc" if i == 0 else f"tilertc-{backend}",
-                            compile(model, out, options)))
-    spec_hash = read_manifest(kernels[0][1])["model"]["spec_hash"]
+            paths.append(("tilertc" if i == 0 else f"tilertc-{backend}",
+                          compile(model, out, options)))
+    kernels = [Kernel(name, path, read_manifest(path)) for name, path in paths]
+    spec_hash = kernels[0].manifest["model"]["spec_hash"]
     for extra in config.artifacts:
         m = read_manifest(extra)
         if m["model"]["spec_hash"] != spec_hash:
             raise BenchError(f"{extra} holds {m['model']['name']}, not the benchmarked model")
         check_capacity(0, capacity - 1, 1, m["max_seq_len"])
         name = f"tilertc-{m['options']['backend']}"
-        taken = {n for n, _ in kernels}
-        kernels.append((name if name not in taken else f"tilertc-{extra.name}", extra))
+        taken = {k.name for k in kernels}
+        kernels.append(Kernel(name if name not in taken else f"tilertc-{extra.name}", extra, m))
     return kernels
 
 
@@ -313,7 +321,7 @@ def run_bench(config: BenchConfig,
     require_gpu(config.device)
     config.out.mkdir(parents=True, exist_ok=True)
     kernels = resolve_artifacts(model, config, phase)
-    m = read_manifest(kernels[0][1])
+    m = kernels[0].manifest
     spec = model_spec(m)
     for context, gen in config.points:
         check_capacity(0, context, gen, m["max_seq_len"])
@@ -329,8 +337,7 @@ def run_bench(config: BenchConfig,
     details: dict[str, str] = {}
     records: dict[str, dict[str, Any]] = {}
     profile = None
-    for name, artifact in kernels:  # one engine at a time: each has the GPU to itself
-        km = read_manifest(artifact)
+    for name, artifact, km in kernels:  # one engine at a time: each has the GPU to itself
         with phase(f"{name}: loading the kernel ({km['options']['backend']} backend)"):
             engine = Engine.load(artifact, weights=weights, device=config.device)
         with phase(f"{name}: correctness gate, kernel vs interpreter vs kernel-per-op"):

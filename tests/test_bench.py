@@ -366,16 +366,16 @@ def test_parse_backends() -> None:
 
 def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
     config = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out")
-    ((name, main_dir),) = resolve_artifacts(check_model(config), config, quiet_phase)
+    ((name, main_dir, _),) = resolve_artifacts(check_model(config), config, quiet_phase)
     assert name == "tilertc" and main_dir == tmp_path / "out" / "artifact"
     # the same model prebuilt elsewhere joins as a second kernel; another model is refused
     extra = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "extra")
-    (_, extra_dir), = resolve_artifacts(check_model(extra), extra, quiet_phase)
+    ((_, extra_dir, _),) = resolve_artifacts(check_model(extra), extra, quiet_phase)
     both = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(extra_dir,))
     kernels = resolve_artifacts(check_model(both), both, quiet_phase)
-    assert [n for n, _ in kernels] == ["tilertc", "tilertc-cuda"]
+    assert [k.name for k in kernels] == ["tilertc", "tilertc-cuda"]
     other = BenchConfig("qwen3-tiny", ((64, 32),), tmp_path / "qwen")
-    (_, other_dir), = resolve_artifacts(check_model(other), other, quiet_phase)
+    ((_, other_dir, _),) = resolve_artifacts(check_model(other), other, quiet_phase)
     mixed = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(other_dir,))
     with pytest.raises(BenchError, match="holds qwen3-tiny, not the benchmarked model"):
         resolve_artifacts(check_model(mixed), mixed, quiet_phase)
@@ -390,8 +390,7 @@ def test_fp8_weights_are_compiled_for_the_bench(tmp_path: Path) -> None:
     config = BenchConfig("llama-tiny", ((64, 32),), tmp_path, weight_dtype="fp8")
     spec = check_model(config)
     assert spec.weight_format.is_fp8
-    ((_, artifact),) = resolve_artifacts(spec, config, quiet_phase)
-    m = json.loads((artifact / "manifest.json").read_text())
+    ((_, _, m),) = resolve_artifacts(spec, config, quiet_phase)
     assert m["options"]["weight_dtype"] == "fp8" and m["kernel"]["constants"]["WEIGHT_FP8"] == 1
 
 
