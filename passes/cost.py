@@ -20,10 +20,11 @@ from tilertc.passes.program import Program, Task
 
 BOUNDARY_NS = 3000.0
 # llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
-# which ~0.5 us is bytes and 3 us the boundary; at 8k a task's extra 112 KB of keys and values
-# added 15.3 us, 7.3 KB/us per SM (16 KB in flight per SM over ~2.2 us of loaded latency).
+# which ~0.5 us is bytes and 3 us the boundary. Keys and values stream through the weight ring
+# (bulk copies, prefetched by the loader): at 8k context a task's extra 112 KB cost 6.9 us per
+# layer, 16 KB/us per SM (with plain loads it had cost 15.3 us).
 ATTENTION_CHAIN_NS = 8000.0
-ATTENTION_KV_BYTES_PER_S_PER_SM = 7.3e9
+ATTENTION_KV_BYTES_PER_S_PER_SM = 16e9
 
 
 def task_ns(program: Program, task: Task) -> float:

@@ -69,6 +69,12 @@ def place(program: Program) -> Program:
                 f"op {op.name!r}: input length {op.attrs['K']} is not a multiple of 8; "
                 "weight rows must be whole 16-byte pieces for bulk copies"
             )
+    for op in g.ops():
+        if op.opcode == "attention" and op.attrs["head_dim"] % 8:
+            raise ScheduleError(
+                f"op {op.name!r}: head_dim {op.attrs['head_dim']} is not a multiple of 8; "
+                "KV-cache rows must be whole 16-byte pieces for bulk copies"
+            )
     max_k = max(op.attrs["K"] for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
@@ -78,6 +84,7 @@ def place(program: Program) -> Program:
             (a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
             + a["n_heads"] // a["n_kv_heads"] * a["head_dim"]
             + 5 * a["head_dim"]
+            + a["head_dim"] + 4  # this step's key and value in bf16, 16-byte aligned
             for a in attn
         ),
         default=0,

@@ -53,29 +53,30 @@ def test_teacher_forced_logits_match_interpreter(engine: Engine) -> None:
     check_teacher_forced(engine)
 
 
-def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = None
+def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = None,
+                 prefill: int = PREFILL, steps: int = STEPS
                  ) -> Iterator[tuple[int, int, torch.Tensor, dict[str, torch.Tensor]]]:
     """Teacher-forced steps: after a random prompt prefilled in both, feed the kernel and the
     interpreter (float32, the engine's weights; its KV cache in `cache_dtype`) the same random
     tokens; yields (step, the kernel's token, its logits, the interpreter's tensors)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.spec.vocab_size
-    prompt = torch.randint(0, vocab, (PREFILL,), generator=gen)
-    feed = torch.randint(0, vocab, (STEPS,), generator=gen)
+    prompt = torch.randint(0, vocab, (prefill,), generator=gen)
+    feed = torch.randint(0, vocab, (steps,), generator=gen)
     engine.position = 0
     engine.prefill(prompt)
     ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=cache_dtype)
-    ref.run(prompt, torch.arange(PREFILL))
+    ref.run(prompt, torch.arange(prefill))
     for i, tok in enumerate(feed.tolist()):
         got_tok, got = engine.step(tok)
-        yield i, got_tok, got, ref.run(torch.tensor([tok]), torch.tensor([PREFILL + i]))
+        yield i, got_tok, got, ref.run(torch.tensor([tok]), torch.tensor([prefill + i]))
 
 
-def check_teacher_forced(engine: Engine) -> None:
+def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
     """The kernel's logits step by step against the interpreter's with the engine's weights
     (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32)."""
     errs, agree, checked = [], 0, 0
-    for i, got_tok, got, env in forced_steps(engine, 7):
+    for i, got_tok, got, env in forced_steps(engine, 7, prefill=prefill, steps=steps):
         want = env["logits"][0]
         errs.append(rel_err(got, want))
         top2 = want.topk(2).values
@@ -85,7 +86,21 @@ def check_teacher_forced(engine: Engine) -> None:
             assert got_tok == int(want.argmax()), f"step {i}: greedy token differs"
         assert got_tok == int(got.argmax()), "the kernel's token is not the argmax of its logits"
     assert max(errs) <= 2e-2, f"max relative error {max(errs):.3g} (median {np.median(errs):.3g})"
-    assert checked >= STEPS // 4, "too few steps with a clear top-2 margin to check greedy tokens"
+    assert checked >= steps // 4, "too few steps with a clear top-2 margin to check greedy tokens"
+
+
+def test_attention_chunks_over_several_ring_pages(tmp_path) -> None:
+    """Attention streams each context chunk's past keys and values through the weight ring; with
+    4 KB pages (16 keys of llama-tiny-odd's head_dim 64) and 32 chunks, a 600-token context
+    spreads every chunk over two or more pages, and over page boundaries of the ring."""
+    spec = tilertc.load_spec("llama-tiny-odd")
+    out = compile(spec, tmp_path, CompileOptions(max_seq_len=640, page_kb=4))
+    engine = Engine.load(out, random_seed=4321)
+    k = engine.m["kernel"]["constants"]
+    attention = tilertc.schedule(spec, max_seq_len=640).graph.op("layers.0.attention")
+    chunks = attention.attrs["tile"]["chunks"]
+    assert 600 // chunks > 16 and k["PAGE_BYTES"] // (4 * k["HEAD_DIM"]) == 16
+    check_teacher_forced(engine, prefill=600, steps=16)
 
 
 def test_token_loop_equals_single_steps(engine: Engine) -> None:

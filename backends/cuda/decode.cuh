@@ -8,6 +8,7 @@
 // constants (HIDDEN, HEAD_DIM, ...) and the ring geometry before this file is included.
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <type_traits>
 #if WEIGHT_FP8
 #include <cuda_fp8.h>
 #endif
@@ -268,6 +269,63 @@ __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_TOP
 }
 #endif
 
+// Waits until ring slot `issued % RING_PAGES` is free for page `issued` and returns it; null
+// when the launch is ending or failing.
+__device__ uint8_t* claim_page(const Params& p, Shared& s, uint32_t issued) {
+  const int slot = issued % RING_PAGES;
+  const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
+  if (!ring_wait(p, &s.empty[slot], parity, &s.flags[0])) return nullptr;
+  // The compute warps' reads of the slot's last page (generic proxy) come before this copy's
+  // writes (async proxy).
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  return s.ring + slot * PAGE_BYTES;
+}
+
+// Attention streams the past keys and values of its context chunk (positions before this
+// step's, which the chunk's task adds itself) through the ring as matrix-vector tasks stream
+// weights, so that they arrive while compute still waits for the queries. A page holds
+// KV_KEYS_PER_PAGE keys' rows, then their values' rows.
+constexpr int KV_ROW_BYTES = HEAD_DIM * 2;
+static_assert(KV_ROW_BYTES % 16 == 0, "bulk copies move whole 16-byte pieces of cache rows");
+constexpr int KV_KEYS_PER_PAGE = PAGE_BYTES / (2 * KV_ROW_BYTES);
+static_assert(KV_KEYS_PER_PAGE >= 1, "a ring page holds at least one key and its value");
+
+struct KvChunk {
+  long long k0, k1, past;  // the chunk's keys [k0, k1); its keys before this step's position
+};
+__device__ __forceinline__ KvChunk kv_chunk(const int* t, long long pos) {
+  const long long n = pos + 1, chunks = t[F_COUNT], c = t[F_CHUNK];
+  const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  return {k0, k1, max(0LL, min(k1, pos) - k0)};
+}
+
+// The cache rows were written by other SMs in earlier steps (generic proxy) and are read here
+// by bulk copies (async proxy). Compute on this SM may be far behind the loader, so nothing
+// else orders those writes before these reads: the loader acquires the layer's attention
+// counter as of the previous step (each KV group's merge signals it once per step, after its
+// chunk tasks and so after the append), then fences the proxies.
+__device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long long step, int task, uint32_t& issued) {
+  const KvChunk ch = kv_chunk(t, p.start_pos + step);
+  if (ch.past == 0) return true;
+  if (step > 0 && !acquire(p, t[F_SIGNAL], static_cast<unsigned>(N_KV_HEADS * step), task, &s.flags[0]))
+    return false;
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  const long long row0 = static_cast<long long>(t[F_ROW0]) * MAX_SEQ + ch.k0;
+  const __nv_bfloat16* k = p.kv + t[F_KCACHE] + row0 * HEAD_DIM;
+  const __nv_bfloat16* v = p.kv + t[F_VCACHE] + row0 * HEAD_DIM;
+  for (long long r = 0; r < ch.past; r += KV_KEYS_PER_PAGE) {
+    uint8_t* page = claim_page(p, s, issued);
+    if (!page) return false;
+    const uint32_t bytes = static_cast<uint32_t>(min(static_cast<long long>(KV_KEYS_PER_PAGE), ch.past - r)) *
+                           KV_ROW_BYTES;
+    uint64_t* full = &s.full[issued++ % RING_PAGES];
+    mbar_expect_tx(full, 2 * bytes);
+    bulk_copy(page, k + r * HEAD_DIM, bytes, full);
+    bulk_copy(page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, v + r * HEAD_DIM, bytes, full);
+  }
+  return true;
+}
+
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
@@ -278,6 +336,10 @@ __device__ void run_loader(const Params& p, Shared& s) {
   for (long long step = 0; step < p.n_steps; ++step) {
     for (int i = begin; i < end; ++i) {
       const int* t = task_row(p, p.stream_tasks[i]);
+      if (t[F_OPCODE] == OP_ATTENTION) {
+        if (!load_kv_chunk(p, s, t, step, p.stream_tasks[i], issued)) goto drain;
+        continue;
+      }
       if (!has_weights(t)) continue;
       const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
@@ -291,21 +353,17 @@ __device__ void run_loader(const Params& p, Shared& s) {
       }
 #endif
       for (int r = 0; r < rows; r += rpp) {
-        const int slot = issued % RING_PAGES;
-        const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
-        if (!ring_wait(p, &s.empty[slot], parity, &s.flags[0])) goto drain;
-        // The compute warps' reads of the slot's last page (generic proxy) come before this
-        // copy's writes (async proxy).
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        uint8_t* page = claim_page(p, s, issued);
+        if (!page) goto drain;
         const uint32_t bytes = min(rpp, rows - r) * rb;
-        mbar_expect_tx(&s.full[slot], bytes);
+        uint64_t* full = &s.full[issued++ % RING_PAGES];
+        mbar_expect_tx(full, bytes);
 #if MOE
         if (routed && t[F_SLOTS] > 1)
-          copy_pieces(s.ring + slot * PAGE_BYTES, piece, t, r, min(rpp, rows - r), &s.full[slot]);
+          copy_pieces(page, piece, t, r, min(rpp, rows - r), full);
         else
 #endif
-          bulk_copy(s.ring + slot * PAGE_BYTES, src + static_cast<long long>(r) * rb, bytes, &s.full[slot]);
-        ++issued;
+          bulk_copy(page, src + static_cast<long long>(r) * rb, bytes, full);
       }
     }
   }
@@ -917,17 +975,112 @@ __device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long lo
 // The context of a KV group is cut into F_COUNT chunks at run time (the context grows every
 // step), one task each, on different SMs. Every chunk task stages the group's query heads and
 // applies qk-norm (if the model has it) and RoPE; the last chunk, which holds the current
-// position, also does so for the new key and appends key and value to the cache. Each warp
-// runs an online softmax over a strided share of the chunk for all GROUP query heads at once
-// (each key read once), the warps merge in shared memory, and the chunk's (max, sum, output)
-// goes to global scratch. The last chunk task of the group to finish merges all chunks and
-// is the one that signals the attention op.
-constexpr int DPL = (HEAD_DIM + 31) / 32;  // head dims per lane; lane l owns [l*DPL, l*DPL+DPL)
+// position, also does so for the new key and appends key and value to the cache. The chunk's
+// past keys and values arrive in ring pages (the loader's `load_kv_chunk`), this step's key is
+// in shared memory; each warp runs an online softmax over a share of the keys for all GROUP
+// query heads at once (each key read once), the warps merge in shared memory, and the chunk's
+// (max, sum, output) goes to global scratch. The last chunk task of the group to finish merges
+// all chunks and is the one that signals the attention op.
+//
+// Inside a warp, LANES_PER_KEY lanes hold one key: each lane reads KV_DIMS dims of the key's
+// row and of its value in one 8-byte (or 16-byte) load, so a score is reduced over those lanes
+// only (4 shuffles for head_dim 64, not 5) and the warp works on KEYS_PER_WARP keys at once. A
+// warp reads KEY_ROUNDS such sets before using any and rescales its running softmax once per
+// set, not once per key. Groups of more than 2 query heads per KV head take 4 dims per lane, so
+// that their running sums fit in registers.
+constexpr int KV_DIMS = GROUP <= 2 ? 8 : 4;
+static_assert(HEAD_DIM % KV_DIMS == 0, "cache rows are read in pieces of KV_DIMS dims");
+constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
+constexpr int LANES_PER_KEY = pow2_at_least(HEAD_DIM / KV_DIMS);
+static_assert(LANES_PER_KEY <= 32, "a key's row must fit one warp's lanes");
+constexpr int KEYS_PER_WARP = 32 / LANES_PER_KEY;
+constexpr int KEY_ROUNDS = 8 / KV_DIMS;  // 4 registers of keys and 4 of values per lane
 constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: out, max, sum
-// Keys loaded at once per warp: 8 / DPL keeps their keys and values at 16 registers a lane, so that
-// wide heads (head_dim 128: DPL 4) do not spill; each warp still visits its keys in the same order.
-constexpr int KEYS_IN_FLIGHT = DPL >= 8 ? 1 : 8 / DPL;
-__device__ __forceinline__ bool owns(int lane, int j) { return lane * DPL + j < HEAD_DIM; }
+using KvPiece = std::conditional_t<KV_DIMS == 8, uint4, uint2>;
+
+// KV_DIMS bf16 values of a cache row, widened.
+__device__ __forceinline__ void widen(const KvPiece& q, float (&f)[KV_DIMS]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&q);
+#pragma unroll
+  for (int j = 0; j < KV_DIMS / 2; ++j) {
+    const float2 v = __bfloat1622float2(h[j]);
+    f[2 * j] = v.x;
+    f[2 * j + 1] = v.y;
+  }
+}
+
+// Folds a running softmax (m2, l2, acc2) into (m, l, acc), both over disjoint sets of keys.
+__device__ __forceinline__ void merge_softmax(float& m, float& l, float (&acc)[KV_DIMS], float m2, float l2,
+                                              const float (&acc2)[KV_DIMS]) {
+  const float mx = fmaxf(m, m2);
+  if (mx == -INFINITY) return;  // neither saw a key
+  const float f = __expf(m - mx), f2 = __expf(m2 - mx);
+  l = l * f + l2 * f2;
+#pragma unroll
+  for (int j = 0; j < KV_DIMS; ++j) acc[j] = acc[j] * f + acc2[j] * f2;
+  m = mx;
+}
+
+// The online softmax of the GROUP queries (q, in shared memory) over n keys whose bf16 rows
+// (`keys`) and values' rows (`values`) are in shared memory: warp w of `warps` takes keys
+// w * KEYS_PER_WARP + [0, KEYS_PER_WARP), then every round of warps * KEYS_PER_WARP after.
+// Bounds are warp-uniform because the scores are reduced with shuffles.
+__device__ __forceinline__ void attend(const float* q, const uint8_t* keys, const uint8_t* values, int n, int w,
+                                       int warps, int sub, int kw, float scale, float (&acc)[GROUP][KV_DIMS],
+                                       float (&m)[GROUP], float (&l)[GROUP]) {
+  const bool dims_on = sub * KV_DIMS < HEAD_DIM;
+  const KvPiece* kp = reinterpret_cast<const KvPiece*>(keys) + sub;
+  const KvPiece* vp = reinterpret_cast<const KvPiece*>(values) + sub;
+  const int round = KEYS_PER_WARP * warps;
+  for (int wbase = w * KEYS_PER_WARP; wbase < n; wbase += round * KEY_ROUNDS) {
+    KvPiece kr[KEY_ROUNDS], vr[KEY_ROUNDS];
+#pragma unroll
+    for (int u = 0; u < KEY_ROUNDS; ++u) {
+      const int key = wbase + u * round + kw;
+      const bool on = key < n && dims_on;
+      kr[u] = on ? kp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
+      vr[u] = on ? vp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
+    }
+    float sc[KEY_ROUNDS][GROUP];
+#pragma unroll
+    for (int u = 0; u < KEY_ROUNDS; ++u) {
+      float kf[KV_DIMS];
+      widen(kr[u], kf);
+      const bool on = wbase + u * round + kw < n;
+#pragma unroll
+      for (int h = 0; h < GROUP; ++h) {
+        const float* qh = q + h * HEAD_DIM + sub * KV_DIMS;
+        float d = 0.f;
+#pragma unroll
+        for (int j = 0; j < KV_DIMS; ++j) d = fmaf(dims_on ? qh[j] : 0.f, kf[j], d);
+#pragma unroll
+        for (int o = LANES_PER_KEY / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[u][h] = on ? d * scale : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < GROUP; ++h) {
+      float mx = m[h];
+#pragma unroll
+      for (int u = 0; u < KEY_ROUNDS; ++u) mx = fmaxf(mx, sc[u][h]);
+      if (mx == -INFINITY) continue;  // none of these keys is in the chunk
+      const float corr = __expf(m[h] - mx);
+      l[h] *= corr;
+#pragma unroll
+      for (int j = 0; j < KV_DIMS; ++j) acc[h][j] *= corr;
+#pragma unroll
+      for (int u = 0; u < KEY_ROUNDS; ++u) {
+        const float e = __expf(sc[u][h] - mx);
+        float vf[KV_DIMS];
+        widen(vr[u], vf);
+        l[h] += e;
+#pragma unroll
+        for (int j = 0; j < KV_DIMS; ++j) acc[h][j] = fmaf(e, vf[j], acc[h][j]);
+      }
+      m[h] = mx;
+    }
+  }
+}
 
 // gamma (qk-norm weight) and cs (this position's [HEAD_DIM/2 cos | HEAD_DIM/2 sin]) are staged
 // in shared memory.
@@ -950,11 +1103,10 @@ __device__ void norm_and_rope(float* v, const float* gamma, const float* cs, int
   __syncwarp();
 }
 
-// Returns whether this task signals the op (it was the group's last chunk to finish).
-__device__ bool run_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
+__device__ bool run_attention(const Params& p, Shared& s, const int* t, long long step, long long pos,
+                              uint32_t& consumed, int ct) {
   const int warp = ct >> 5, lane = ct & 31, g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
   const bool last_chunk = c == chunks - 1;
-  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   const float* qkv = p.act + t[F_IN];
   float* q = s.vec;                       // [GROUP][HEAD_DIM]
   float* kv = s.vec + GROUP * HEAD_DIM;   // [2][HEAD_DIM]
@@ -985,57 +1137,57 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   compute_sync();
   __nv_bfloat16* kc = p.kv + t[F_KCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
   __nv_bfloat16* vc = p.kv + t[F_VCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
+  // This step's key and value, rounded to bf16 as the cache holds them: appended to the cache
+  // and kept in shared memory (`cur`) for this task's own use.
+  uint8_t* cur = reinterpret_cast<uint8_t*>(out + ((PART + 3) & ~3));  // [2][HEAD_DIM] bf16, 16-byte aligned
   if (last_chunk) {
+    __nv_bfloat16* curh = reinterpret_cast<__nv_bfloat16*>(cur);
     for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
-      kc[pos * HEAD_DIM + i] = __float2bfloat16(kv[i]);
-      vc[pos * HEAD_DIM + i] = __float2bfloat16(kv[HEAD_DIM + i]);
+      kc[pos * HEAD_DIM + i] = curh[i] = __float2bfloat16(kv[i]);
+      vc[pos * HEAD_DIM + i] = curh[HEAD_DIM + i] = __float2bfloat16(kv[HEAD_DIM + i]);
     }
-    __threadfence_block();
     compute_sync();
   }
   const float scale = __int_as_float(t[F_SCALE]);
-  float qr[GROUP][DPL], acc[GROUP][DPL], m[GROUP], l[GROUP];
+  const int sub = lane % LANES_PER_KEY, kw = lane / LANES_PER_KEY;  // the lane's dims and key
+  const int group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  float acc[GROUP][KV_DIMS], m[GROUP], l[GROUP];
 #pragma unroll
   for (int h = 0; h < GROUP; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.f;
 #pragma unroll
-    for (int j = 0; j < DPL; ++j) {
-      qr[h][j] = owns(lane, j) ? q[h * HEAD_DIM + lane * DPL + j] * scale : 0.f;
-      acc[h][j] = 0.f;
-    }
+    for (int j = 0; j < KV_DIMS; ++j) acc[h][j] = 0.f;
   }
-  // Keys are taken KEYS_IN_FLIGHT at a time per warp, loads first, so that their latencies overlap.
-  for (long long base = k0 + warp; base < k1; base += KEYS_IN_FLIGHT * COMPUTE_WARPS) {
-    float kr[KEYS_IN_FLIGHT][DPL], vr[KEYS_IN_FLIGHT][DPL];
-#pragma unroll
-    for (int u = 0; u < KEYS_IN_FLIGHT; ++u) {
-      const long long key = base + u * COMPUTE_WARPS;
-#pragma unroll
-      for (int j = 0; j < DPL; ++j) {
-        const bool on = key < k1 && owns(lane, j);
-        kr[u][j] = on ? __bfloat162float(__ldcg(kc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
-        vr[u][j] = on ? __bfloat162float(__ldcg(vc + key * HEAD_DIM + lane * DPL + j)) : 0.f;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < KEYS_IN_FLIGHT; ++u) {
-      if (base + u * COMPUTE_WARPS >= k1) break;
-#pragma unroll
-      for (int h = 0; h < GROUP; ++h) {
-        float sc = 0.f;
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) sc = fmaf(qr[h][j], kr[u][j], sc);
-        sc = warp_sum(sc);
-        const float mn = fmaxf(m[h], sc), corr = __expf(m[h] - mn), e = __expf(sc - mn);
-        l[h] = l[h] * corr + e;
-#pragma unroll
-        for (int j = 0; j < DPL; ++j) acc[h][j] = acc[h][j] * corr + e * vr[u][j];
-        m[h] = mn;
-      }
-    }
+  // The past keys, page by page as the loader streams them (pages are dealt to the page groups
+  // as a matrix-vector task's are), then this step's key.
+  uint32_t page_index = consumed;
+  const KvChunk ch = kv_chunk(t, pos);
+  for (long long r = 0; r < ch.past; r += KV_KEYS_PER_PAGE, ++page_index) {
+    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
+    const int slot = page_index % RING_PAGES;
+    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
+    const uint8_t* page = s.ring + slot * PAGE_BYTES;
+    attend(q, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES,
+           static_cast<int>(min(static_cast<long long>(KV_KEYS_PER_PAGE), ch.past - r)), gw, GROUP_WARPS, sub, kw,
+           scale, acc, m, l);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&s.empty[slot]);
   }
-  // Merge the warps: the chunk's max per head, then rescaled sums accumulated in shared memory.
+  consumed = page_index;
+  if (last_chunk) attend(q, cur, cur + KV_ROW_BYTES, 1, warp, COMPUTE_WARPS, sub, kw, scale, acc, m, l);
+  // Merge the warp's keys (lanes with the same dims), then the warps: the chunk's max per head,
+  // then rescaled sums accumulated in shared memory by the lanes of the warp's first key.
+#pragma unroll
+  for (int o = LANES_PER_KEY; o < 32; o <<= 1)
+#pragma unroll
+    for (int h = 0; h < GROUP; ++h) {
+      float acc2[KV_DIMS];
+#pragma unroll
+      for (int j = 0; j < KV_DIMS; ++j) acc2[j] = __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[h], o), l2 = __shfl_xor_sync(0xffffffffu, l[h], o);
+      merge_softmax(m[h], l[h], acc[h], m2, l2, acc2);
+    }
   float* wm = s.red;  // [COMPUTE_WARPS][GROUP]
   if (lane == 0)
     for (int h = 0; h < GROUP; ++h) wm[warp * GROUP + h] = m[h];
@@ -1045,9 +1197,9 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
     float mx = -INFINITY;
     for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + h]);
     const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - mx);
+    if (kw == 0 && sub * KV_DIMS < HEAD_DIM)
 #pragma unroll
-    for (int j = 0; j < DPL; ++j)
-      if (owns(lane, j)) atomicAdd(&out[h * (HEAD_DIM + 2) + lane * DPL + j], acc[h][j] * f);
+      for (int j = 0; j < KV_DIMS; ++j) atomicAdd(&out[h * (HEAD_DIM + 2) + sub * KV_DIMS + j], acc[h][j] * f);
     if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 2) + HEAD_DIM + 1], l[h] * f);
     if (ct == 0) out[h * (HEAD_DIM + 2) + HEAD_DIM] = mx;
   }
@@ -1238,7 +1390,7 @@ __device__ void run_compute(const Params& p, Shared& s) {
           run_matvec(p, s, t, consumed, opaque(ct));
           if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, opaque(ct));
           break;
-        case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, ct); break;
+        case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, consumed, ct); break;
         case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;
       }
       if (signal) signal_done(p, t);
