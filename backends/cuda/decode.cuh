@@ -859,6 +859,12 @@ __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, cons
 }
 #endif
 
+// Every lane of the page's warp group arrives on the slot's `empty` barrier once it has read the
+// page, each for its own reads: compute-sanitizer's racecheck does not take a __syncwarp and
+// one lane's arrival as ordering the other lanes' reads before the loader's next bulk copy
+// into the slot (it reported hazards), and the 32 arrivals measured no slower (llama-3.2-1b).
+__device__ __forceinline__ void release_page(Shared& s, int slot) { mbar_arrive(&s.empty[slot]); }
+
 // Pages are dealt round-robin to PAGE_GROUPS groups of warps, so that the latency of one page
 // (wait, loads, reductions, release) overlaps with the others' instead of adding up.
 constexpr int GROUP_WARPS = COMPUTE_WARPS / PAGE_GROUPS;
@@ -930,8 +936,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
         }
       }
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&s.empty[slot]);
+    release_page(s, slot);
   }
   consumed = page_index;
   compute_sync();
@@ -1171,8 +1176,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
     attend(q, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES,
            static_cast<int>(min(static_cast<long long>(KV_KEYS_PER_PAGE), ch.past - r)), gw, GROUP_WARPS, sub, kw,
            scale, acc, m, l);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&s.empty[slot]);
+    release_page(s, slot);
   }
   consumed = page_index;
   if (last_chunk) attend(q, cur, cur + KV_ROW_BYTES, 1, warp, COMPUTE_WARPS, sub, kw, scale, acc, m, l);
@@ -1416,7 +1420,7 @@ extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
   if (threadIdx.x == 0) {
     for (int i = 0; i < RING_PAGES; ++i) {
       mbar_init(&s.full[i], 1);
-      mbar_init(&s.empty[i], GROUP_WARPS);
+      mbar_init(&s.empty[i], GROUP_WARPS * 32);
     }
     s.flags[0] = 0;
     s.flags[1] = 0;
