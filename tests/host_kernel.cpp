@@ -15,12 +15,13 @@
 //                                       tasks and sampler
 //   route (LOGIT_BITS)*MOE_EXPERTS  -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
 //                                       then the bits of their combine weights
-//   step DIR TOKEN POS               -> (built with MLA=1, every kernel constant as -D, from
+//   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
 //                                       tests/test_mla_kernel.py) one decode step: the tasks of
 //                                       DIR/tasks.bin in order, each as the compute warps run it,
 //                                       on the arenas DIR/act.bin, DIR/kv.bin (written back in
 //                                       place), the packed weights DIR/weights.bin and the
-//                                       embedding table DIR/embed.bin; prints the token. The
+//                                       embedding table DIR/embed.bin, the RoPE table at act
+//                                       offset ROPE; prints the token and the error code. The
 //                                       loader's part is a copy of each task's pages into the
 //                                       ring before the task; counters are a host array.
 #include <algorithm>
@@ -335,8 +336,8 @@ static void write_file(const std::string& path, const void* data, size_t bytes) 
 // order, a chunked op's merge by its last task), as run_compute's switch runs them.
 static void step_command() {
   char dir[4096];
-  long long token, pos;
-  std::scanf("%4095s %lld %lld", dir, &token, &pos);
+  long long token, pos, rope;
+  std::scanf("%4095s %lld %lld %lld", dir, &token, &pos, &rope);
   const std::string d(dir);
   std::vector<char> act_b = read_file(d + "/act.bin"), kv_b = read_file(d + "/kv.bin"),
                     weights = read_file(d + "/weights.bin"), embed = read_file(d + "/embed.bin"),
@@ -363,6 +364,7 @@ static void step_command() {
   p.status = status;
   p.first_token = token;
   p.start_pos = pos;
+  p.rope_offset = rope;
   p.n_steps = 1;
   p.eos_token = -1;
   p.sample = &args;
