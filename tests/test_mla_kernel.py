@@ -78,6 +78,14 @@ def test_attention_over_a_dsa_selection_is_refused_by_name() -> None:
         codegen.check_supported(program)
 
 
+def test_tilelang_backend_refuses_mla() -> None:
+    from tilertc.backends.tilelang.emit import emit
+
+    with pytest.raises(ScheduleError, match="'layers.0.q_absorb': MLA is not yet in the "
+                                            "TileLang backend"):
+        emit(tilertc.schedule(mla_tiny()))
+
+
 # -- the artifacts -----------------------------------------------------------------------------
 
 def test_mla_artifacts_compile_without_spills(tmp_path: Path) -> None:
