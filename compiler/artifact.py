@@ -30,7 +30,7 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "model": ("name", "spec_hash", "hf_config"),
     "kernel": ("name", "ctas", "threads", "smem_bytes", "constants", "ptxas", "cubin_sha256"),
     "max_seq_len": (), "arenas": ("act", "kv"), "buffers": (),
-    "kv_cache": ("n_kv_heads", "head_dim", "layers"), "rope": ("attrs", "head_dim", "buffer"),
+    "kv_cache": ("layout", "layers"), "rope": ("attrs", "head_dim", "buffer"),
     "embedding": (), "logits": (), "counters": (), "sampler_counter": (),
     "weights": ("packed_bytes", "layout"), "task_fields": (), "cost": ("step_ns", "roofline_ns"),
     "decisions": (),

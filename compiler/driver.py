@@ -22,9 +22,11 @@ from tilertc.ir.graph import TensorKind
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
+from tilertc.passes.fusion_mla import MLA_DIMS
 from tilertc.passes.packing import expert_weights
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
+from tilertc.passes.residency import rope_dim
 from tilertc.passes.tiling import weight_row_bytes
 
 BACKENDS = ("cuda", "tilelang")
@@ -78,6 +80,9 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
                  "format": ws[0].dtype,
                  "segments": [[w.hf_name, s.row0, s.row1]
                               for w, s in zip(ws, t.segments, strict=True)]}
+        if "derived" in ws[0].attrs:  # rows of a weight derived from the checkpoint tensor
+            a = g.op(t.op).attrs
+            entry["derived"] = [ws[0].attrs["derived"], {k: a[k] for k in MLA_DIMS}]
         if "scale_inv" in ws[0].attrs:
             entry.update(scales=[g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
                          block=list(ws[0].attrs["block"]), row_bytes=weight_row_bytes(ws[0]))
@@ -96,16 +101,29 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
     return layout
 
 
+def _kv_cache(program: Program) -> dict[str, Any]:
+    """The caches' layout and each layer's buffers: GQA keys and values per KV head, or MLA's
+    latent cache, one row per position shared by all heads."""
+    ops = program.graph.ops()
+    mla = [op for op in ops if op.opcode == "mla_attention"]
+    if mla:
+        a = mla[0].attrs
+        return {"layout": "[position][kv_lora_rank + qk_rope_head_dim] per layer, bf16: the "
+                          "normed latent, then the rotated k_pe",
+                "width": a["kv_lora_rank"] + a["qk_rope_head_dim"],
+                "layers": {str(op.layer): {"latent": op.inputs[2]} for op in mla}}
+    attn = [op for op in ops if op.opcode == "attention"]
+    return {"layout": "[kv_head][position][head_dim] per layer, bf16",
+            "n_kv_heads": attn[0].attrs["n_kv_heads"], "head_dim": attn[0].attrs["head_dim"],
+            "layers": {str(op.layer): {"k": op.inputs[-2], "v": op.inputs[-1]} for op in attn}}
+
+
 def manifest(program: Program, options: CompileOptions, consts: dict[str, object],
              ptxas: dict[str, int], cubin_sha: str) -> dict[str, Any]:
     from tilertc import __version__
 
     spec = program.spec
-    attn = next(op for op in program.graph.ops() if op.opcode == "attention")
-    kv = {}
-    for op in program.graph.ops():
-        if op.opcode == "attention":
-            kv[str(op.layer)] = {"k": op.inputs[-2], "v": op.inputs[-1]}
+    attn = next(op for op in program.graph.ops() if op.opcode in ("attention", "mla_attention"))
     key = json.dumps({"spec": spec.content_hash(), "compiler": __version__,
                       "options": options.hash(), "decisions": program.decisions,
                       "cubin": cubin_sha}, sort_keys=True)
@@ -124,10 +142,8 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
         "max_seq_len": program.graph.attrs["max_seq_len"],
         "arenas": {"act": program.config["act_arena"], "kv": program.config["kv_arena"]},
         "buffers": _buffer_table(program),
-        "kv_cache": {"layout": "[kv_head][position][head_dim] per layer, bf16",
-                     "n_kv_heads": attn.attrs["n_kv_heads"], "head_dim": attn.attrs["head_dim"],
-                     "layers": kv},
-        "rope": {"attrs": attn.attrs["rope"], "head_dim": attn.attrs["head_dim"],
+        "kv_cache": _kv_cache(program),
+        "rope": {"attrs": attn.attrs["rope"], "head_dim": rope_dim(attn),
                  "buffer": "rope_table", "layout": "[position][cos head_dim/2 | sin head_dim/2]"},
         "embedding": "model.embed_tokens.weight",
         "logits": "logits",

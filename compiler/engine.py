@@ -33,6 +33,7 @@ from tilertc.artifact import (
 from tilertc.ir.build import build_graph
 from tilertc.ir.fp8 import pack_rows
 from tilertc.ir.interpreter import Interpreter
+from tilertc.ir.mla import derive_kv_b
 from tilertc.ir.rope import cos_sin
 from tilertc.ir.sampling import SamplingParams
 from tilertc.ir.weights import WeightSource, load_state_dict, quantize_unscaled, random_weights
@@ -63,21 +64,61 @@ def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
     packed = torch.zeros(layout["packed_bytes"], dtype=torch.uint8, device=device)
     # Only the tensors the current entry reads stay on the device, which keeps packing memory
     # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
-    # say) come together and a tensor is uploaded about once.
-    on_dev: dict[str, torch.Tensor] = {}
-    for entry in sorted(layout["layout"], key=lambda e: [seg[0] for seg in e["segments"]]):
+    # say, or of one weight derived from a checkpoint tensor) come together and a tensor is
+    # uploaded (and derived) about once.
+    on_dev: dict[tuple[str, str], torch.Tensor] = {}
+    for entry in sorted(layout["layout"], key=lambda e: ([seg[0] for seg in e["segments"]],
+                                                          e.get("derived", [""])[0])):
+        kind, dims = entry.get("derived", ("", None))
         scales = entry.get("scales", [None] * len(entry["segments"]))
-        names = {seg[0] for seg in entry["segments"]} | set(scales) - {None}
-        for name in set(on_dev) - names:
-            del on_dev[name]
-        for name in names - set(on_dev):
-            on_dev[name] = weights[name].to(device)
-        parts = [pack_rows(on_dev[name], on_dev[scale], r0, r1, tuple(entry["block"])) if scale
-                 else on_dev[name][r0:r1].view(torch.uint8)
+        keys = {(seg[0], kind) for seg in entry["segments"]} | {(s, "") for s in scales if s}
+        for key in set(on_dev) - keys:
+            del on_dev[key]
+        for name, k in keys - set(on_dev):
+            w = weights[name].to(device)
+            on_dev[name, k] = derive_kv_b(w, k, dims) if k else w
+        parts = [pack_rows(on_dev[name, kind], on_dev[scale, ""], r0, r1, tuple(entry["block"]))
+                 if scale else on_dev[name, kind][r0:r1].view(torch.uint8)
                  for (name, r0, r1), scale in zip(entry["segments"], scales, strict=True)]
         rows = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
         packed[entry["offset"] : entry["offset"] + rows.numel()] = rows.reshape(-1)
     return packed
+
+
+def act_arena(m: dict[str, Any], weights: dict[str, torch.Tensor],
+              device: torch.device) -> torch.Tensor:
+    """The fp32 act arena as a launch finds it: zeros, but the norm weights (buffers with an
+    `hf_name`) and the RoPE table."""
+    act = torch.zeros(m["arenas"]["act"], dtype=torch.float32, device=device)
+
+    def buffer(name: str) -> torch.Tensor:
+        b = m["buffers"][name]
+        return act[b["offset"] : b["offset"] + b["numel"]]
+
+    for name, b in m["buffers"].items():
+        if b["hf_name"]:
+            buffer(name).copy_(weights[b["hf_name"]].float().reshape(-1))
+    rope = m["rope"]
+    cos, sin = cos_sin(rope["attrs"], rope["head_dim"], torch.arange(m["max_seq_len"]))
+    buffer(rope["buffer"]).copy_(torch.cat([cos, sin], 1).float().reshape(-1))
+    return act
+
+
+def copy_cache(m: dict[str, Any], state: dict[str, torch.Tensor], pos: torch.Tensor,
+               kv: torch.Tensor) -> None:
+    """The interpreter's caches (`state`) at positions `pos` into the kernel's KV arena `kv`:
+    GQA keys and values from [position][kv_head][dim] to [kv_head][position][dim]; MLA's
+    latent rows as they are ([position][latent | k_pe])."""
+    cfg = m["kv_cache"]
+    for names in cfg["layers"].values():
+        for name in names.values():
+            b = m["buffers"][name]
+            dst, src = kv[b["offset"] : b["offset"] + b["numel"]], state[name][pos]
+            if "latent" in names:
+                dst.view(-1, cfg["width"])[pos.to(kv.device)] = src.to(torch.bfloat16)
+            else:  # src [n, kvh, hd]
+                dst = dst.view(cfg["n_kv_heads"], -1, cfg["head_dim"])
+                dst[:, pos.to(kv.device)] = src.transpose(0, 1).to(torch.bfloat16)
 
 
 def _driver():
@@ -163,14 +204,8 @@ class Engine:
         m, dev = self.m, self.device
         lay = m["weights"]
         self.packed = pack_weights(lay, self.weights, dev)
-        self.act = torch.zeros(m["arenas"]["act"], dtype=torch.float32, device=dev)
+        self.act = act_arena(m, self.weights, dev)
         self.kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16, device=dev)
-        for name, b in m["buffers"].items():
-            if b["hf_name"]:
-                self._act(name).copy_(self.weights[b["hf_name"]].float().reshape(-1))
-        rope = m["rope"]
-        cos, sin = cos_sin(rope["attrs"], rope["head_dim"], torch.arange(self.max_seq_len))
-        self._act(rope["buffer"]).copy_(torch.cat([cos, sin], 1).float().reshape(-1))
         self.embed = self.weights[m["embedding"]].to(dev).contiguous()
         sched = np.load(self.artifact / "schedule.npz")
         self.tasks = torch.from_numpy(sched["tasks"]).to(dev)
@@ -319,17 +354,7 @@ class Engine:
         return env["logits"]
 
     def _copy_cache(self, pos: torch.Tensor) -> None:
-        """The interpreter's caches ([position][kv_head][dim]) into the kernel's layout."""
-        cfg = self.m["kv_cache"]
-        seq = self.max_seq_len
-        for names in cfg["layers"].values():
-            for name in (names["k"], names["v"]):
-                src = self._interp.state[name][pos]  # [n, kvh, hd]
-                b = self.m["buffers"][name]
-                dst = self.kv[b["offset"] : b["offset"] + b["numel"]].view(
-                    cfg["n_kv_heads"], seq, cfg["head_dim"]
-                )
-                dst[:, pos.to(self.device)] = src.transpose(0, 1).to(torch.bfloat16)
+        copy_cache(self.m, self._interp.state, pos, self.kv)
 
     def step(
         self,

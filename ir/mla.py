@@ -102,6 +102,19 @@ def kv_b_per_head(w: torch.Tensor, a: dict) -> tuple[torch.Tensor, torch.Tensor]
     return per_head[:, :nope], per_head[:, nope:]
 
 
+def derive_kv_b(w: torch.Tensor, kind: str, a: dict) -> torch.Tensor:
+    """A weight the fused graph derives from `kv_b_proj` (passes/fusion_mla.py), as the
+    runtime packs it: `w_uk_t` [heads·rank, nope] is each head's W_uk transposed, so that an
+    output row of the q absorption (h, j) is the contiguous W_uk[h][:, j]; `w_uv`
+    [heads·v, rank] is each head's W_uv."""
+    w_uk, w_uv = kv_b_per_head(w, a)
+    if kind == "w_uk_t":
+        return w_uk.transpose(1, 2).reshape(-1, a["qk_nope_head_dim"]).contiguous()
+    if kind == "w_uv":
+        return w_uv.reshape(-1, a["kv_lora_rank"]).contiguous()
+    raise ValueError(f"unknown derived weight {kind!r} of kv_b_proj")
+
+
 def q_heads(q: torch.Tensor, a: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, heads·(nope + rope)] as q_nope [T, heads, nope] and q_pe [T, heads, rope]."""
     nope = a["qk_nope_head_dim"]

@@ -30,6 +30,7 @@ ALIGN = 16  # elements; keeps every buffer 64-byte aligned
 PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
 # (llama-3.2-1b on the H200: 16 KB pages 1.44 ms/token, 32 KB 1.19, 48 KB 1.12, 64 KB 1.09)
 REDUCTION_FLOATS = 1024  # cross-warp reduction scratch
+MLA_KEYS = 32  # cache rows an MLA attention task scores, then accumulates, at a time
 FLAG_BYTES = 32
 
 
@@ -44,19 +45,41 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _staged_floats(g) -> int:
-    """Shared memory (fp32) the MLA and DSA tasks stage: an MLA chunk its heads' latent and
-    rotary queries and its partial result; a DSA chunk the indexer's queries, head weights
-    and the new key."""
+def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
+    """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh:
+    run_mla_attention): its heads' queries against a cache row, the scores of a block of
+    `MLA_KEYS` keys per head, the block's cache rows (bf16), each head's softmax state, the
+    position's RoPE cos | sin, and the merge's per-chunk factors and denominators."""
+    width = rank + rope
+    return heads * (width + MLA_KEYS + 3 + chunks + 1) + MLA_KEYS * width // 2 + rope
+
+
+def _staged_floats(program: Program) -> int:
+    """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
+    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk the indexer's queries,
+    head weights and the new key."""
+    g = program.graph
     need = [0]
+    for t in program.tasks:
+        if t.opcode == "head_matvec":
+            a = g.op(t.op).attrs
+            per = a["rows_per_head"]
+            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * a["K"])
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":
-            heads = a["tile"]["heads_per_task"]
-            need.append(heads * (2 * a["kv_lora_rank"] + a["qk_rope_head_dim"] + 2))
+            need.append(mla_staged_floats(a["tile"]["heads_per_task"], a["kv_lora_rank"],
+                                          a["qk_rope_head_dim"], a["tile"]["chunks"]))
         elif op.opcode == "dsa_score":
             need.append(a["n_heads"] * (a["head_dim"] + 1) + a["head_dim"])
     return max(need)
+
+
+def rope_dim(attn) -> int:
+    """The dims RoPE rotates per head, which the RoPE table holds cos and sin for: GQA's
+    head_dim, MLA's qk_rope_head_dim (its key's rope part and every query's)."""
+    a = attn.attrs
+    return a["qk_rope_head_dim"] if attn.opcode == "mla_attention" else a["head_dim"]
 
 
 def place(program: Program) -> Program:
@@ -89,7 +112,7 @@ def place(program: Program) -> Program:
         ),
         default=0,
     )
-    vec_floats = max(max_k, attn_floats, _staged_floats(g))
+    vec_floats = max(max_k, attn_floats, _staged_floats(program))
     act_smem = vec_floats * 4
     acc_floats = max(
         -(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) * (2 if op.attrs.get("interleave") else 1)
@@ -144,13 +167,11 @@ def place(program: Program) -> Program:
             program.buffers[t.name] = Buffer(t.name, kv_off, t.numel, "bf16", "kv")
             kv_off += _align(t.numel)
     for op in g.ops():
-        if op.opcode == "attention":
-            a = op.attrs
+        if op.opcode in ("attention", "mla_attention"):
+            dim = rope_dim(op)
             seq = g.attrs["max_seq_len"]
-            program.buffers["rope_table"] = Buffer(
-                "rope_table", act_off, seq * a["head_dim"], "fp32", "act"
-            )
-            act_off += _align(seq * a["head_dim"])
+            program.buffers["rope_table"] = Buffer("rope_table", act_off, seq * dim, "fp32", "act")
+            act_off += _align(seq * dim)
             break
     if attn:
         a, chunks = (

@@ -15,6 +15,15 @@
 //                                       tasks and sampler
 //   route (LOGIT_BITS)*MOE_EXPERTS  -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
 //                                       then the bits of their combine weights
+//   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
+//                                       tests/test_mla_kernel.py) one decode step: the tasks of
+//                                       DIR/tasks.bin in order, each as the compute warps run it,
+//                                       on the arenas DIR/act.bin, DIR/kv.bin (written back in
+//                                       place), the packed weights DIR/weights.bin and the
+//                                       embedding table DIR/embed.bin, the RoPE table at act
+//                                       offset ROPE; prints the token and the error code. The
+//                                       loader's part is a copy of each task's pages into the
+//                                       ring before the task; counters are a host array.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +42,40 @@ struct float2 {
   float x, y;
 };
 static inline float2 make_float2(float x, float y) { return {x, y}; }
+// The vector types and bf16 conversions the matrix-vector and MLA code uses (bf16 as its bits,
+// converted as the GPU does: round to nearest even).
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+struct alignas(16) uint4 {
+  uint32_t x, y, z, w;
+};
+struct int2 {
+  int x, y;
+};
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+static inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
+static inline int2 make_int2(int x, int y) { return {x, y}; }
+static inline float __bfloat162float(__nv_bfloat16 b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+static inline float2 __bfloat1622float2(__nv_bfloat162 b) { return {__bfloat162float(b.x), __bfloat162float(b.y)}; }
+static inline __nv_bfloat16 __float2bfloat16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<__nv_bfloat16>((u >> 16) | 0x40);  // NaN stays NaN
+  return static_cast<__nv_bfloat16>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+#define __expf expf  // glibc declares __expf; the GPU intrinsic is a faster expf
 static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
@@ -44,6 +87,17 @@ static inline float __fmul_rn(float a, float b) { volatile float r = a * b; retu
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline float atomicAdd(float* p, float v) {  // fibers never run at once: no race
+  const float old = *p;
+  *p = old + v;
+  return old;
+}
+static inline int atomicCAS(int* p, int cmp, int v) {
+  const int old = *p;
+  if (old == cmp) *p = v;
+  return old;
+}
+static inline unsigned atom_add_acq_rel(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline void __threadfence_system() {}
 
 // ---- the CTA: compute threads as fibers on one host thread ---------------------------------
@@ -138,6 +192,12 @@ static void run_block(const std::function<void(int)>& f) {
     }
   }
 }
+
+// The ring, as compute sees it in the `step` command: the harness has copied the task's pages in
+// before the task runs, so a page is always full and releasing it does nothing.
+struct Params;
+static inline bool ring_wait(const Params&, uint64_t*, uint32_t, volatile int*) { return true; }
+static inline void mbar_arrive(uint64_t*) {}
 
 #include "kernel_extract.inc"
 
@@ -256,6 +316,107 @@ static void route_command() {
 }
 #endif
 
+#if MLA
+static std::vector<char> read_file(const std::string& path) {
+  std::vector<char> out;
+  if (FILE* f = std::fopen(path.c_str(), "rb")) {
+    char buf[1 << 16];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) out.insert(out.end(), buf, buf + n);
+    std::fclose(f);
+  }
+  return out;
+}
+static void write_file(const std::string& path, const void* data, size_t bytes) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(data, 1, bytes, f);
+  std::fclose(f);
+}
+
+// One decode step of every task in table order (an order the counters allow: ops in program
+// order, a chunked op's merge by its last task), as run_compute's switch runs them.
+static void step_command() {
+  char dir[4096];
+  long long token, pos, rope;
+  std::scanf("%4095s %lld %lld %lld", dir, &token, &pos, &rope);
+  const std::string d(dir);
+  std::vector<char> act_b = read_file(d + "/act.bin"), kv_b = read_file(d + "/kv.bin"),
+                    weights = read_file(d + "/weights.bin"), embed = read_file(d + "/embed.bin"),
+                    tasks_b = read_file(d + "/tasks.bin");
+  std::vector<float> act(act_b.size() / 4);
+  std::memcpy(act.data(), act_b.data(), act_b.size());
+  std::vector<__nv_bfloat16> kv(kv_b.size() / 2);
+  std::memcpy(kv.data(), kv_b.data(), kv_b.size());
+  std::vector<int> tasks(tasks_b.size() / 4);
+  std::memcpy(tasks.data(), tasks_b.data(), tasks_b.size());
+  std::vector<unsigned> counters(1 << 16, 0);
+  SampleArgs args{0.0, 1.0, 0, 0};  // greedy
+  int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
+  Params p{};
+  p.weights = reinterpret_cast<const uint8_t*>(weights.data());
+  p.act = act.data();
+  p.kv = kv.data();
+  p.embed = reinterpret_cast<const __nv_bfloat16*>(embed.data());
+  p.counters = counters.data();
+  p.tokens = tokens;
+  p.host_tokens = host_tokens;
+  p.host_count = &host_count;
+  p.host_stop = &host_stop;
+  p.status = status;
+  p.first_token = token;
+  p.start_pos = pos;
+  p.rope_offset = rope;
+  p.n_steps = 1;
+  p.eos_token = -1;
+  p.sample = &args;
+  std::vector<float4> vec(MAX_K / 4 + 1), acc(ACC_FLOATS / 4 + 1);
+  std::vector<float> red(MISC_FLOATS, NAN);
+  std::vector<uint4> ring(RING_PAGES * PAGE_BYTES / 16);
+  int flags[8] = {};
+  Shared s{};
+  s.ring = reinterpret_cast<uint8_t*>(ring.data());
+  s.vec = reinterpret_cast<float*>(vec.data());
+  s.red = red.data();
+  s.acc = reinterpret_cast<float*>(acc.data());
+  s.flags = flags;
+  flags[FLAG_SAMPLE_MODE] = SAMPLE_GREEDY;
+  uint32_t consumed = 0;
+  for (size_t id = 0; id < tasks.size() / TASK_FIELDS; ++id) {
+    const int* t = &tasks[id * TASK_FIELDS];
+    if (has_weights(t)) {  // the loader's pages of this task, into the slots compute will read
+      const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+      const long long w = ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+      if ((rows + rpp - 1) / rpp > RING_PAGES) {
+        std::printf("task %zu has more pages than the ring\n", id);
+        return;
+      }
+      for (int r = 0, i = 0; r < rows; r += rpp, ++i)
+        std::memcpy(s.ring + (consumed + i) % RING_PAGES * PAGE_BYTES, p.weights + w + static_cast<long long>(r) * rb,
+                    static_cast<size_t>(min(rpp, rows - r)) * rb);
+    }
+    const uint32_t before = consumed;
+    run_block([&](int ct) {
+      uint32_t mine = before;  // each compute thread's own count of consumed pages
+      switch (t[F_OPCODE]) {
+        case OP_EMBED: run_embed(p, t, 0, ct); break;
+        case OP_NORM_MATVEC:
+        case OP_MATVEC_ADD:
+        case OP_HEAD_MATVEC:
+          run_matvec(p, s, t, mine, ct);
+          if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, ct);
+          if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
+          break;
+        case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
+        case OP_ARGMAX: run_argmax(p, s, t, 0, pos, ct); break;
+      }
+      if (ct == 0) consumed = mine;
+    });
+  }
+  write_file(d + "/act.bin", act.data(), act.size() * 4);
+  write_file(d + "/kv.bin", kv.data(), kv.size() * 2);
+  std::printf("%d %d\n", tokens[0], status[ST_ERROR]);
+}
+#endif
+
 int main() {
   char op[16];
   while (std::scanf("%15s", op) == 1) {
@@ -285,6 +446,10 @@ int main() {
 #if MOE
     } else if (!std::strcmp(op, "route")) {
       route_command();
+#endif
+#if MLA
+    } else if (!std::strcmp(op, "step")) {
+      step_command();
 #endif
     }
     std::fflush(stdout);

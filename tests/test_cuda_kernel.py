@@ -15,6 +15,10 @@ running the same e4m3 weights and block scales.
 
 MoE (qwen3-moe-tiny runs every test above): the router's decisions, the expert ids of every
 layer at every teacher-forced step, must be the interpreter's, and their combine weights too.
+
+MLA (deepseek-v3-tiny with a dense FFN in every layer runs every test above): the latent cache
+rows the kernel appends must be the interpreter's; full-size DeepSeek-V3 attention (two dense
+layers, a smaller vocabulary) passes the teacher-forced check and the token loop.
 """
 
 from __future__ import annotations
@@ -33,14 +37,30 @@ from tilertc.ir.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
 
+# Models the kernel runs only with overrides of a built-in spec: DeepSeek-V3's attention with a
+# dense FFN (its MoE routing is not in the kernel), tiny and at full size (without the V3.2
+# indexer, bf16, two layers, a smaller vocabulary so that lm_head stays small).
+VARIANTS = {
+    "deepseek-v3-tiny-dense": ("deepseek-v3-tiny", {"first_k_dense_replace": 3}),
+    "deepseek-v3-attention": ("deepseek-v3.2", {
+        "model_type": "deepseek_v3", "num_hidden_layers": 2, "first_k_dense_replace": 2,
+        "quantization_config": None, "vocab_size": 32000}),
+}
+MLA_MODELS = ["deepseek-v3-tiny-dense"]
 MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b",
-          "qwen3-moe-tiny"]
+          "qwen3-moe-tiny", *MLA_MODELS]
 PREFILL, STEPS = 100, 64
+
+
+def load(name: str) -> tilertc.ModelSpec:
+    """A built-in spec, or one of VARIANTS."""
+    base, overrides = VARIANTS.get(name, (name, None))
+    return tilertc.load_spec(base, overrides=overrides)
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def engine(request, tmp_path_factory) -> Engine:
-    spec = tilertc.load_spec(request.param)
+    spec = load(request.param)
     out = compile(spec, tmp_path_factory.mktemp(request.param), CompileOptions(max_seq_len=512))
     return Engine.load(out, random_seed=1234)
 
@@ -148,6 +168,39 @@ def test_moe_routing_decisions_match_interpreter(tmp_path) -> None:
             compared += 1
             assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
     assert compared >= 0.9 * STEPS * len(routers), "too many routing decisions within a tie"
+
+
+@pytest.mark.parametrize("name", MLA_MODELS)
+def test_mla_latent_cache_rows_match_interpreter(name: str, tmp_path) -> None:
+    """Teacher-forced steps: the latent cache rows the kernel appended (normed latent, rotated
+    k_pe; bf16) are the interpreter's, computed with a bf16 cache as the kernel keeps it, to
+    within a bf16 rounding step (as are the prefilled rows the engine copied in: its prefill
+    keeps an fp32 cache, so rows past layer 0 may round differently); no row past the last
+    step is written."""
+    out = compile(load(name), tmp_path, CompileOptions(max_seq_len=512))
+    engine = Engine.load(out, random_seed=1234)
+    steps = list(forced_steps(engine, 23, torch.bfloat16))
+    env = steps[-1][3]
+    cfg = engine.m["kv_cache"]
+    for names in cfg["layers"].values():
+        b = engine.m["buffers"][names["latent"]]
+        got = engine.kv[b["offset"]: b["offset"] + b["numel"]].view(-1, cfg["width"]).float()
+        want = env[names["latent"]].float()
+        rows = PREFILL + STEPS
+        scale = float(want[:rows].abs().max())
+        assert torch.allclose(got[:rows], want[:rows], rtol=1e-2, atol=1e-3 * scale), (
+            f"{names['latent']}: max difference "
+            f"{float((got[:rows] - want[:rows]).abs().max()):.3g}")
+        assert not got[rows:].any(), "rows past the last step were written"
+
+
+def test_full_size_mla_attention_matches_interpreter(tmp_path) -> None:
+    """DeepSeek-V3's attention at full size (128 heads in groups of 16, latent rank 512, rope
+    64, 32 context chunks) with random weights: teacher-forced logits and the token loop."""
+    out = compile(load("deepseek-v3-attention"), tmp_path, CompileOptions(max_seq_len=512))
+    engine = Engine.load(out, random_seed=1234)
+    check_teacher_forced(engine)
+    test_token_loop_equals_single_steps(engine)
 
 
 FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]

@@ -22,12 +22,18 @@ timeout 400 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider >"$out/pytest.t
 echo "gpu tests (rc $?): $(tail -1 "$out/pytest.txt")"
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-for model in llama-tiny qwen3-tiny llama-tiny-odd qwen3-moe-tiny; do
+# each entry: a model and its sanitize_decode.py arguments (deepseek-v3-tiny with a dense FFN in
+# every layer: the MLA kernel)
+for entry in llama-tiny qwen3-tiny llama-tiny-odd qwen3-moe-tiny \
+    "deepseek-v3-tiny config.first_k_dense_replace=3"; do
+    read -r model args <<<"$entry"
+    # shellcheck disable=SC2086  # $args: zero or more words
     timeout 120 "$sanitizer" --tool memcheck --report-api-errors no \
-        python3 tools/sanitize_decode.py "$model" >"$out/memcheck-$model.txt" 2>&1
+        python3 tools/sanitize_decode.py "$model" $args >"$out/memcheck-$model.txt" 2>&1
     echo "memcheck $model (rc $?): $(grep -h 'ERROR SUMMARY' "$out/memcheck-$model.txt")"
+    # shellcheck disable=SC2086
     timeout 120 "$sanitizer" --tool racecheck \
-        python3 tools/sanitize_decode.py "$model" >"$out/racecheck-$model.txt" 2>&1
+        python3 tools/sanitize_decode.py "$model" $args >"$out/racecheck-$model.txt" 2>&1
     echo "racecheck $model (rc $?): $(grep -h 'RACECHECK SUMMARY' "$out/racecheck-$model.txt")"
 done
 

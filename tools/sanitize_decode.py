@@ -7,7 +7,9 @@
 (`--report-api-errors no`: cuda-bindings looks up every driver entry point at start-up, and
 memcheck counts each one this driver lacks as an API error; those are not the kernel's.)
 KNOB=N compiles with a schedule knob (`CompileOptions` tuning: compute_warps, page_kb,
-page_groups), e.g. `page_kb=9`: 9 KB pages, which every row of llama-tiny-odd divides.
+page_groups), e.g. `page_kb=9`: 9 KB pages, which every row of llama-tiny-odd divides;
+config.KEY=VALUE overrides a config key (JSON value, as `tilertc compile --set`), e.g.
+`deepseek-v3-tiny config.first_k_dense_replace=3`: MLA with a dense FFN in every layer.
 
 Compiles MODEL (small KV capacity), loads random weights, prefills, then runs single steps,
 a greedy token loop and a sampled token loop, so that every opcode and the in-kernel loop run
@@ -17,6 +19,7 @@ magnitude. Exits non-zero on any error the runtime sees; the tool reports its ow
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 
@@ -28,8 +31,10 @@ from tilertc.engine import Engine
 
 
 def main(model: str, knobs: list[str]) -> None:
-    spec = tilertc.load_spec(model)
-    tuning = {k: int(v) for k, v in (knob.split("=", 1) for knob in knobs)}
+    pairs = [knob.split("=", 1) for knob in knobs]
+    config = {k.removeprefix("config."): json.loads(v) for k, v in pairs if k.startswith("config.")}
+    spec = tilertc.load_spec(model, overrides=config or None)
+    tuning = {k: int(v) for k, v in pairs if not k.startswith("config.")}
     with tempfile.TemporaryDirectory() as tmp:
         art = compile(spec, tmp, CompileOptions(max_seq_len=128, lineinfo=True, **tuning))
         engine = Engine.load(art, random_seed=5, watchdog_s=600.0)

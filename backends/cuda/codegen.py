@@ -16,13 +16,12 @@ from pathlib import Path
 
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.residency import REDUCTION_FLOATS
+from tilertc.passes.residency import MLA_KEYS, REDUCTION_FLOATS
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
 # What the fused opcodes the kernel lacks belong to, for the refusal's message.
-FEATURES = {"head_matvec": "MLA", "mla_attention": "MLA", "dsa_score": "DSA indexer",
-            "dsa_topk": "DSA indexer"}
+FEATURES = {"dsa_score": "DSA indexer", "dsa_topk": "DSA indexer"}
 # The router is one warp: every expert's score in its registers, lane k keeps the k-th choice.
 MAX_EXPERTS = 256
 
@@ -47,6 +46,27 @@ def check_supported(program: Program) -> None:
                 "explain` shows the schedule"
             )
         _check_moe(op)
+        _check_mla(op)
+
+
+def _check_mla(op) -> None:
+    """The kernel's MLA attends to the whole context (no DSA top-k list) and reads a latent
+    cache row as whole 16-byte pieces."""
+    if op.opcode != "mla_attention":
+        return
+    a = op.attrs
+    width = a["kv_lora_rank"] + a["qk_rope_head_dim"]
+    missing = []
+    if a["dsa"]:
+        missing.append("attention over the DSA indexer's top-k list")
+    if width % 8:
+        missing.append(f"latent cache rows of {width} values (not whole 16-byte pieces)")
+    if a["qk_rope_head_dim"] % 2:
+        missing.append(f"an odd rope dimension {a['qk_rope_head_dim']}")
+    if missing:
+        raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
+                            f"{' and '.join(missing)} (it runs absorbed MLA over the whole "
+                            "context)")
 
 
 def _check_moe(op) -> None:
@@ -76,13 +96,42 @@ def _check_moe(op) -> None:
                             "top-k, no shared expert)")
 
 
-def constants(program: Program) -> dict[str, object]:
-    check_supported(program)
-    spec, cfg = program.spec, program.config
-    attn = next(op for op in program.graph.ops() if op.opcode == "attention").attrs
+def _gqa(attn: dict, seq: int) -> dict[str, object]:
+    """GQA attention's constants and the KV capacity (decode.cuh compiles GQA attention only
+    without MLA)."""
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]
     if hd % 2:
         raise ScheduleError(f"attention: head_dim {hd} is odd; RoPE rotates pairs of dimensions")
+    return {
+        "N_HEADS": attn["n_heads"],
+        "N_KV_HEADS": attn["n_kv_heads"],
+        "HEAD_DIM": hd,
+        "GROUP": group,
+        "MAX_SEQ": seq,
+        "QK_NORM": int(attn["qk_norm"]),
+        "QK_NORM_EPS": f"{attn['eps']!r}f" if attn["qk_norm"] else "0.0f",
+        "ROPE_INTERLEAVED": int(attn["rope"]["interleaved"]),
+    }
+
+
+def _mla(attn: dict) -> dict[str, object]:
+    """MLA attention's constants: the latent rank and rope dims, the heads of a task, the keys
+    a chunk task takes at a time (passes/residency.py sized its shared memory for them)."""
+    return {
+        "MLA_RANK": attn["kv_lora_rank"],
+        "MLA_ROPE": attn["qk_rope_head_dim"],
+        "MLA_NOPE": attn["qk_nope_head_dim"],
+        "MLA_HEADS": attn["tile"]["heads_per_task"],
+        "MLA_KEYS": MLA_KEYS,
+        "MLA_ROPE_INTERLEAVED": int(attn["rope"]["interleaved"]),
+    }
+
+
+def constants(program: Program) -> dict[str, object]:
+    check_supported(program)
+    spec, cfg = program.spec, program.config
+    attn = next(op for op in program.graph.ops() if op.opcode in ("attention", "mla_attention"))
+    mla, seq = attn.opcode == "mla_attention", program.graph.attrs["max_seq_len"]
     lm = next(op for op in program.graph.ops() if op.attrs.get("epilogue") == "argmax").attrs
     fmt = spec.weight_format
     # The FP8 dot product is compiled only into kernels that stream FP8 rows, so that a bf16
@@ -106,14 +155,7 @@ def constants(program: Program) -> dict[str, object]:
         "MISC_FLOATS": REDUCTION_FLOATS,
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
-        "N_HEADS": attn["n_heads"],
-        "N_KV_HEADS": attn["n_kv_heads"],
-        "HEAD_DIM": hd,
-        "GROUP": group,
-        "MAX_SEQ": program.graph.attrs["max_seq_len"],
-        "QK_NORM": int(attn["qk_norm"]),
-        "QK_NORM_EPS": f"{attn['eps']!r}f" if attn["qk_norm"] else "0.0f",
-        "ROPE_INTERLEAVED": int(attn["rope"]["interleaved"]),
+        **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),
         "SAMPLE_K": K_MAX,
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),
@@ -122,6 +164,9 @@ def constants(program: Program) -> dict[str, object]:
         **fp8,
         "MOE": int(topk is not None),
         **moe,
+        # MLA's opcodes and task fields, in place of GQA attention, only in MLA kernels
+        "MLA": int(mla),
+        **(_mla(attn.attrs) if mla else {}),
     }
 
 

@@ -18,7 +18,7 @@ namespace tilertc {
 // ---- the task table (written by backends/cuda/encode.py; keep the two in step) -------------
 enum Opcode : int {
   OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4,
-  OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7
+  OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7, OP_HEAD_MATVEC = 8, OP_MLA_ATTENTION = 9
 };
 enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
@@ -30,6 +30,11 @@ enum Field : int {
   F_IDS,            // act offset of the router's expert ids (int32)
   F_SLOT0, F_SLOTS,
   F_EXPERT_STRIDE,  // bytes / 16 between consecutive experts' packed weights of the op
+#endif
+#if MLA  // a head_matvec's rows come in heads of F_HEAD_ROWS, each reading its own F_K inputs
+  F_IN_STRIDE,      // act floats between consecutive heads' inputs
+  F_HEAD_ROWS,
+  F_APPEND,         // 1: this task also normalizes, rotates and appends the step's latent cache row
 #endif
   TASK_FIELDS
 };
@@ -197,6 +202,9 @@ __device__ __forceinline__ bool has_weights(const int* t) {
 #if MOE
   if (t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD) return true;
 #endif
+#if MLA
+  if (t[F_OPCODE] == OP_HEAD_MATVEC) return true;
+#endif
   return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
 }
 __device__ __forceinline__ bool normed(const int* t) {
@@ -281,6 +289,7 @@ __device__ uint8_t* claim_page(const Params& p, Shared& s, uint32_t issued) {
   return s.ring + slot * PAGE_BYTES;
 }
 
+#if !MLA  // MLA attention reads its latent cache itself (run_mla_attention)
 // Attention streams the past keys and values of its context chunk (positions before this
 // step's, which the chunk's task adds itself) through the ring as matrix-vector tasks stream
 // weights, so that they arrive while compute still waits for the queries. A page holds
@@ -326,6 +335,8 @@ __device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long lon
   return true;
 }
 
+#endif  // !MLA
+
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
@@ -336,10 +347,12 @@ __device__ void run_loader(const Params& p, Shared& s) {
   for (long long step = 0; step < p.n_steps; ++step) {
     for (int i = begin; i < end; ++i) {
       const int* t = task_row(p, p.stream_tasks[i]);
+#if !MLA
       if (t[F_OPCODE] == OP_ATTENTION) {
         if (!load_kv_chunk(p, s, t, step, p.stream_tasks[i], issued)) goto drain;
         continue;
       }
+#endif
       if (!has_weights(t)) continue;
       const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
@@ -737,7 +750,30 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
 // columns, whatever the weights' format. Weights are bf16, or (WEIGHT_FP8, per task) e4m3 with
 // block scales, dequantized in the dot product; fp32 accumulation; the segments' sums meet in
 // shared memory and the epilogue runs per row at the end of the task.
+#if MLA
+// A head_matvec's rows come in heads of F_HEAD_ROWS rows that each read their own F_K inputs,
+// F_IN_STRIDE apart (q absorption: each head's q_nope; v expansion: each head's o_latent). The
+// task stages the inputs of the heads its rows span one after another; row i reads at
+// head_input(t, i).
+__device__ __forceinline__ int head_input(const int* t, int i) {
+  if (t[F_OPCODE] != OP_HEAD_MATVEC) return 0;
+  return ((t[F_ROW0] + i) / t[F_HEAD_ROWS] - t[F_ROW0] / t[F_HEAD_ROWS]) * t[F_K];
+}
+__device__ void stage_heads(const Params& p, Shared& s, const int* t, int ct) {
+  const int k = t[F_K], h0 = t[F_ROW0] / t[F_HEAD_ROWS], h1 = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1;
+  const float* x = p.act + t[F_IN];
+  for (int i = ct; i < (h1 - h0) * k; i += NT) s.vec[i] = __ldcg(x + (h0 + i / k) * t[F_IN_STRIDE] + i % k);
+  compute_sync();
+}
+#endif
+
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
+#if MLA
+  if (t[F_OPCODE] == OP_HEAD_MATVEC) {
+    stage_heads(p, s, t, ct);
+    return;
+  }
+#endif
   const int k4 = t[F_K] / 4;
   const bool norm = normed(t);
   const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
@@ -923,12 +959,17 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     const int n = min(rpp, rows - r);
     for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
+#if MLA
+      const float* x = s.vec + head_input(t, r + rr);
+#else
+      const float* x = s.vec;
+#endif
       for (int h = 0; h < halves; ++h) {
 #if WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
-        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, s.vec, begin, end, lane)
-                            : dot_segment(w + h * k8, s.vec, begin, end, lane);
+        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane)
+                            : dot_segment(w + h * k8, x, begin, end, lane);
 #else
-        const float y = dot_segment(w + h * k8, s.vec, begin, end, lane);
+        const float y = dot_segment(w + h * k8, x, begin, end, lane);
 #endif
         if (lane == 0) {
           if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
@@ -976,6 +1017,7 @@ __device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long lo
   write_best(p, s, t, best, best_row, ct);
 }
 
+#if !MLA  // an MLA model's attention is run_mla_attention
 // ---- compute: attention, one context chunk of one KV group --------------------------------
 // The context of a KV group is cut into F_COUNT chunks at run time (the context grows every
 // step), one task each, on different SMs. Every chunk task stages the group's query heads and
@@ -1239,6 +1281,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   }
   return true;
 }
+#endif  // !MLA
 
 // ---- compute: embedding and sampling -------------------------------------------------------
 __device__ bool run_embed(const Params& p, const int* t, long long step, int ct) {
@@ -1353,6 +1396,210 @@ __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
 }
 #endif
 
+#if MLA
+// ---- compute: absorbed MLA attention (ir/mla.py) -------------------------------------------
+// The latent cache holds one row per position, shared by every head: the normed latent
+// (MLA_RANK) and the rotated key rope part (MLA_ROPE), bf16. A head's score against row j is
+// q_latent[h] · latent[j] + q_pe[h] · k_pe[j], i.e. the dot product of the row with the head's
+// query [q_latent | rotated q_pe]; its output is Σ_j p[h, j] latent[j] (the value up-projection
+// is the head_matvec that follows).
+constexpr int MLA_W = MLA_RANK + MLA_ROPE;                     // values of a cache row
+constexpr int MLA_PIECES = MLA_W / 8;                          // its 16-byte pieces
+constexpr int MLA_PIECES_PER_LANE = (MLA_PIECES + 31) / 32;
+constexpr int MLA_DPT = (MLA_RANK + NT - 1) / NT;              // latent dims per compute thread
+constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);           // a chunk's result: out, max, sum per head
+static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
+static_assert(MLA_HEADS <= NT, "a thread per head keeps its softmax state");
+
+// RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
+// the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope).
+__device__ __forceinline__ int2 rope_pair(int i) {
+  return MLA_ROPE_INTERLEAVED ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + MLA_ROPE / 2);
+}
+__device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs, int i) {
+  const float c = cs[i], sn = cs[MLA_ROPE / 2 + i];
+  return make_float2(a * c - b * sn, b * c + a * sn);
+}
+
+// The latent prologue, run by the first q-absorption task (passes/fusion_mla.py says why
+// there): from the kv_a part of the input projection (F_AUX2), RMS-normalize the latent with
+// kv_a_layernorm (F_AUX, F_EPS), rotate k_pe, and write the row at `pos` of the layer's cache
+// (F_KCACHE). One warp; the task's signal publishes the row to the attention tasks.
+__device__ void mla_append_latent(const Params& p, const int* t, long long pos, int ct) {
+  if (ct >= 32) return;
+  const float* kv = p.act + t[F_AUX2];
+  const float* gamma = p.act + t[F_AUX];
+  const float* cs = p.act + p.rope_offset + pos * MLA_ROPE;
+  __nv_bfloat16* row = p.kv + t[F_KCACHE] + pos * MLA_W;
+  float ss = 0.f;
+  for (int d = ct; d < MLA_RANK; d += 32) {
+    const float x = __ldcg(kv + d);
+    ss += x * x;
+  }
+  const float rstd = rsqrtf(warp_sum(ss) / MLA_RANK + __int_as_float(t[F_EPS]));
+  for (int d = ct; d < MLA_RANK; d += 32) row[d] = __float2bfloat16(__ldcg(kv + d) * rstd * __ldcg(gamma + d));
+  for (int i = ct; i < MLA_ROPE / 2; i += 32) {
+    const int2 d = rope_pair(i);
+    const float2 r = rope_rotate(__ldcg(kv + MLA_RANK + d.x), __ldcg(kv + MLA_RANK + d.y), cs, i);
+    row[MLA_RANK + d.x] = __float2bfloat16(r.x);
+    row[MLA_RANK + d.y] = __float2bfloat16(r.y);
+  }
+}
+
+// 8 bf16 weights (one 16-byte piece) times 8 fp32 inputs, added to acc.
+__device__ __forceinline__ float dot_piece(const uint4 w, const float* x, float acc) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  return Bf16Row::dot(make_uint2(w.z, w.w), x4[1], Bf16Row::dot(make_uint2(w.x, w.y), x4[0], acc));
+}
+
+// The chunk's rows are taken MLA_KEYS at a time: warps score them (lanes take a row's 16-byte
+// pieces, a warp sum per head) and stage them in shared memory; a thread per head moves that
+// head's online softmax to the block's maximum; then every thread, owning latent dims, adds the
+// block's probability-weighted rows to its heads' sums. So each row is read from L2 once, and no
+// thread holds more than MLA_HEADS x MLA_DPT sums (the heads' outputs are MLA_HEADS x MLA_RANK).
+__device__ void mla_chunk(const Params& p, const int* t, const float* qs, float* sc, __nv_bfloat16* rows,
+                          float* st, long long k0, long long k1, float (&acc)[MLA_HEADS][MLA_DPT], int ct) {
+  const int warp = ct >> 5, lane = ct & 31;
+  const __nv_bfloat16* cache = p.kv + t[F_KCACHE];
+  for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
+    const int nb = static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0));
+    for (int j = warp; j < nb; j += COMPUTE_WARPS) {
+      const uint4* src = reinterpret_cast<const uint4*>(cache + (b0 + j) * MLA_W);
+      uint4* staged = reinterpret_cast<uint4*>(rows + j * MLA_W);
+      uint4 piece[MLA_PIECES_PER_LANE];
+#pragma unroll
+      for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
+        if (lane + 32 * u < MLA_PIECES) piece[u] = __ldcg(src + lane + 32 * u);
+#pragma unroll
+      for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
+        if (lane + 32 * u < MLA_PIECES) staged[lane + 32 * u] = piece[u];
+      for (int h = 0; h < MLA_HEADS; ++h) {
+        float d = 0.f;
+#pragma unroll
+        for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
+          if (lane + 32 * u < MLA_PIECES) d = dot_piece(piece[u], qs + h * MLA_W + 8 * (lane + 32 * u), d);
+        d = warp_sum(d);
+        if (lane == 0) sc[h * MLA_KEYS + j] = d;
+      }
+    }
+    compute_sync();
+    for (int h = ct; h < MLA_HEADS; h += NT) {  // st: [max | sum | rescale of the old sums] per head
+      float mx = st[h];
+      for (int j = 0; j < nb; ++j) mx = fmaxf(mx, sc[h * MLA_KEYS + j]);
+      const float corr = __expf(st[h] - mx);  // 0 at the first block (st[h] = -inf)
+      float l = st[MLA_HEADS + h] * corr;
+      for (int j = 0; j < nb; ++j) {
+        const float e = __expf(sc[h * MLA_KEYS + j] - mx);
+        sc[h * MLA_KEYS + j] = e;
+        l += e;
+      }
+      st[h] = mx;
+      st[MLA_HEADS + h] = l;
+      st[2 * MLA_HEADS + h] = corr;
+    }
+    compute_sync();
+#pragma unroll
+    for (int h = 0; h < MLA_HEADS; ++h)
+#pragma unroll
+      for (int i = 0; i < MLA_DPT; ++i) acc[h][i] *= st[2 * MLA_HEADS + h];
+    for (int j = 0; j < nb; ++j)
+#pragma unroll
+      for (int i = 0; i < MLA_DPT; ++i) {
+        const int d = ct + i * NT;
+        if (d >= MLA_RANK) break;
+        const float v = __bfloat162float(rows[j * MLA_W + d]);
+#pragma unroll
+        for (int h = 0; h < MLA_HEADS; ++h) acc[h][i] = fmaf(sc[h * MLA_KEYS + j], v, acc[h][i]);
+      }
+    compute_sync();  // before the next block's rows and scores replace these
+  }
+}
+
+// One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it) of one group of MLA_HEADS
+// heads (F_ROW0): stage the heads' queries (q_latent at F_IN, q's rope part at F_AUX, rotated),
+// both times the softmax scale; run the chunk; leave (sums, max, sum) per head in mla_partials
+// (F_AUX3). The last chunk task of the group to arrive (F_ARRIVE + group) merges every chunk's
+// result into o_latent (F_OUT) and is the one that signals. Returns whether it signals.
+__device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
+  const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
+  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  float* qs = s.vec;                              // [MLA_HEADS][MLA_W]
+  float* sc = qs + MLA_HEADS * MLA_W;             // [MLA_HEADS][MLA_KEYS]: scores, then probabilities
+  __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(sc + MLA_HEADS * MLA_KEYS);  // [MLA_KEYS][MLA_W]
+  float* st = sc + MLA_HEADS * MLA_KEYS + MLA_KEYS * MLA_W / 2;  // [3][MLA_HEADS]
+  float* cs = st + 3 * MLA_HEADS;                 // [MLA_ROPE]: cos | sin at pos
+  float* merge = cs + MLA_ROPE;                   // [chunks][MLA_HEADS] factors, [MLA_HEADS] denominators
+  const float scale = __int_as_float(t[F_SCALE]);
+  const float* q_lat = p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK;
+  const float* q = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
+  for (int i = ct; i < MLA_HEADS * MLA_W; i += NT) {
+    const int h = i / MLA_W, d = i % MLA_W;
+    qs[i] = (d < MLA_RANK ? __ldcg(q_lat + h * MLA_RANK + d) : __ldcg(q + h * (MLA_NOPE + MLA_ROPE) + d - MLA_RANK)) * scale;
+  }
+  for (int i = ct; i < MLA_ROPE; i += NT) cs[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
+  for (int h = ct; h < MLA_HEADS; h += NT) {
+    st[h] = -INFINITY;
+    st[MLA_HEADS + h] = 0.f;
+  }
+  compute_sync();
+  for (int i = ct; i < MLA_HEADS * MLA_ROPE / 2; i += NT) {  // RoPE on the queries' rope part
+    float* v = qs + i / (MLA_ROPE / 2) * MLA_W + MLA_RANK;
+    const int2 d = rope_pair(i % (MLA_ROPE / 2));
+    const float2 r = rope_rotate(v[d.x], v[d.y], cs, i % (MLA_ROPE / 2));
+    v[d.x] = r.x;
+    v[d.y] = r.y;
+  }
+  compute_sync();
+  float acc[MLA_HEADS][MLA_DPT];
+#pragma unroll
+  for (int h = 0; h < MLA_HEADS; ++h)
+#pragma unroll
+    for (int i = 0; i < MLA_DPT; ++i) acc[h][i] = 0.f;
+  mla_chunk(p, t, qs, sc, rows, st, k0, k1, acc, ct);
+  float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * MLA_PART;
+#pragma unroll
+  for (int h = 0; h < MLA_HEADS; ++h)
+#pragma unroll
+    for (int i = 0; i < MLA_DPT; ++i)
+      if (ct + i * NT < MLA_RANK) __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + ct + i * NT, acc[h][i]);
+  for (int h = ct; h < MLA_HEADS; h += NT) {
+    __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK, st[h]);
+    __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK + 1, st[MLA_HEADS + h]);
+  }
+  compute_sync();
+  if (ct == 0) {  // release this chunk's results; acquire the other chunks' if it is the last
+    const unsigned before = atom_add_acq_rel(&p.counters[t[F_ARRIVE] + g], 1u);
+    s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
+  }
+  compute_sync();
+  if (!s.flags[4]) return false;
+  // Merge: chunk k's sums count exp(max_k - max) times; an empty chunk (max -inf) not at all.
+  for (int h = ct; h < MLA_HEADS; h += NT) {
+    float mx = -INFINITY, den = 0.f;
+    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, __ldcg(parts + k * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK));
+    for (int k = 0; k < chunks; ++k) {
+      const float* pk = parts + k * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK;
+      const float m = __ldcg(pk), f = m == -INFINITY ? 0.f : __expf(m - mx);
+      merge[k * MLA_HEADS + h] = f;
+      den += f * __ldcg(pk + 1);
+    }
+    merge[chunks * MLA_HEADS + h] = den;
+  }
+  compute_sync();
+  float* o = p.act + t[F_OUT] + g * MLA_HEADS * MLA_RANK;
+  for (int i = ct; i < MLA_HEADS * MLA_RANK; i += NT) {
+    const int h = i / MLA_RANK, d = i % MLA_RANK;
+    float num = 0.f;
+    for (int k = 0; k < chunks; ++k) {
+      const float f = merge[k * MLA_HEADS + h];
+      if (f != 0.f) num += f * __ldcg(parts + k * MLA_PART + h * (MLA_RANK + 2) + d);
+    }
+    __stcg(o + i, num / merge[chunks * MLA_HEADS + h]);
+  }
+  return true;
+}
+#endif  // MLA
+
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x - 32;
@@ -1394,7 +1641,15 @@ __device__ void run_compute(const Params& p, Shared& s) {
           run_matvec(p, s, t, consumed, opaque(ct));
           if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, opaque(ct));
           break;
+#if MLA
+        case OP_HEAD_MATVEC:
+          run_matvec(p, s, t, consumed, opaque(ct));
+          if (t[F_APPEND]) mla_append_latent(p, t, pos, opaque(ct));
+          break;
+        case OP_MLA_ATTENTION: signal = run_mla_attention(p, s, t, step, pos, opaque(ct)); break;
+#else
         case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, consumed, ct); break;
+#endif
         case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;
       }
       if (signal) signal_done(p, t);

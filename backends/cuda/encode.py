@@ -1,8 +1,9 @@
 """The task table: every task of a scheduled program as one row of int32 fields.
 
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
-A MoE model's table has the `MOE_FIELDS` after the others (decode.cuh declares them under
-`#if MOE`), so that a dense model's table and kernel are what they were without them.
+A MoE model's table has the `MOE_FIELDS` after the others, an MLA model's the `MLA_FIELDS`
+(decode.cuh declares them under `#if MOE` and `#if MLA`), so that a dense model's table and
+kernel are what they were without them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from tilertc.passes.packing import expert_weights
 from tilertc.passes.program import Program, ScheduleError, Task
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4,
-           "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7}
+           "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7, "head_matvec": 8,
+           "mla_attention": 9}
 # A routed task's rows are `slots` pieces, piece j from the expert the router put in slot
 # slot0 + j; the kernel's loader reads that expert's id only after acquiring `route`.
 MOE_FIELDS = ("route", "ids", "slot0", "slots", "expert_stride")
+# A head_matvec's output rows come in heads of `head_rows`, each reading its own `k` inputs,
+# `in_stride` apart; the task with `append` set also runs MLA's latent prologue and appends the
+# step's row to the latent cache.
+MLA_FIELDS = ("in_stride", "head_rows", "append")
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
 WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
 FIELDS = (
@@ -74,9 +80,10 @@ def _offset(program: Program, tensor: str) -> int:
 
 def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
-    there is a router: codegen's MOE)."""
-    routed = any(op.opcode == "moe_topk" for op in program.graph.ops())
-    return FIELDS + MOE_FIELDS if routed else FIELDS
+    there is a router, codegen's MOE, and the MLA ones when there is MLA attention)."""
+    opcodes = {op.opcode for op in program.graph.ops()}
+    return (FIELDS + (MOE_FIELDS if "moe_topk" in opcodes else ())
+            + (MLA_FIELDS if "mla_attention" in opcodes else ()))
 
 
 def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str, int]:
@@ -97,6 +104,35 @@ def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str
     if weights:
         out["aux2"] = _offset(program, weights)
     return out
+
+
+def _view(program: Program, op, part: str) -> int:
+    """Act offset of a fused MLA op's input `part` (`io`: a view into a concatenated output)."""
+    base, off = op.attrs["io"][part]
+    return _offset(program, base) + off
+
+
+def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
+    """A head_matvec's MLA fields; the task with `append` also gets what the latent prologue
+    reads (the kv_a part of the input projection, kv_a_layernorm) and the cache it appends to."""
+    a = op.attrs
+    out = {"in": _view(program, op, "x"), "in_stride": a["in_stride"],
+           "head_rows": a["rows_per_head"], "append": 0}
+    if "kv_a" in a["io"] and t.index == 0:  # q absorption's first task: task_semantics_mla
+        out.update(append=1, aux=_offset(program, op.inputs[3]), aux2=_view(program, op, "kv_a"),
+                   eps=_f32_bits(a["eps"]), kcache=_offset(program, op.outputs[1]))
+    return out
+
+
+def _mla_attention(program: Program, t: Task, op) -> dict[str, int]:
+    """One chunk of one head group: latent queries at `in`, q (for its rope part) at `aux`,
+    the latent cache at `kcache`; the chunk results in mla_partials (`aux3`)."""
+    a = op.attrs
+    return {"in": _offset(program, op.inputs[0]), "aux": _view(program, op, "q"),
+            "out": _offset(program, op.outputs[0]), "kcache": _offset(program, op.inputs[2]),
+            "scale": _f32_bits(a["scale"]), "count": a["tile"]["chunks"],
+            "chunk": t.index % a["tile"]["chunks"], "arrive": t.arrive - t.rows[0],
+            "aux3": _offset(program, "mla_partials")}
 
 
 def encode_task(program: Program, t: Task, counters: dict[str, int] | None = None,
@@ -121,7 +157,7 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     for i, (counter, per_step, lag) in enumerate(t.waits):
         row[f"wait{i}"], row[f"wait{i}_n"] = counter, per_step | (lag << LAG_SHIFT)
     a = op.attrs
-    if t.opcode in ("norm_matvec", "matvec_add", *ROUTED):
+    if t.opcode in ("norm_matvec", "matvec_add", "head_matvec", *ROUTED):
         weight = t.segments[0].tensor if t.segments else expert_weights(op)[0][0]
         row.update(
             # a MoE gate/up's rows are gate/up pairs, as a dense gate/up's with silu_mul
@@ -132,9 +168,12 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
             w_format=WEIGHT_FORMATS[program.graph.tensors[weight].dtype],
             w_lo=_low_bits(t.weight_offset // 16),
             w_hi=(t.weight_offset // 16) >> 32,
-            **{"in": _offset(program, op.inputs[0])},
+            # a norm_matvec may read a part of a concatenated output (MLA's q_b: the q_a part)
+            **{"in": _offset(program, op.inputs[0]) + a.get("in_offset", 0)},
             out=_offset(program, op.outputs[0]),
         )
+        if t.opcode == "head_matvec":
+            row.update(_head_matvec(program, t, op))
         if t.opcode in ("norm_matvec", "moe_gate_up"):
             row.update(aux=_offset(program, op.inputs[1]), eps=_f32_bits(a["eps"]))
         elif t.opcode == "matvec_add":
@@ -164,6 +203,8 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
         )
         if norms:
             row.update(aux=_offset(program, norms[0]), aux2=_offset(program, norms[1]))
+    elif t.opcode == "mla_attention":
+        row.update(_mla_attention(program, t, op))
     elif t.opcode == "moe_topk":
         row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
                    aux=_offset(program, op.outputs[1]))

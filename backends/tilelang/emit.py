@@ -30,10 +30,12 @@ def emit(program: Program) -> Emitted:
     if program.spec.weight_format.is_fp8:  # its tiles read bf16 rows only
         raise ScheduleError(f"{program.spec.name}: FP8 weights are not yet in the TileLang "
                             "backend (its row-segment tiles are bf16); use --backend cuda")
-    routed = next((op.name for op in program.graph.ops() if op.opcode in ROUTED), None)
-    if routed:  # its tiles cover the row-segment lengths of norm_matvec and matvec_add only
-        raise ScheduleError(f"op {routed!r}: MoE experts are not yet in the TileLang backend; "
-                            "use --backend cuda")
+    # its tiles cover the row-segment lengths of norm_matvec and matvec_add only
+    lacks = {**dict.fromkeys(ROUTED, "MoE experts are"), "head_matvec": "MLA is"}
+    op = next((op for op in program.graph.ops() if op.opcode in lacks), None)
+    if op is not None:
+        raise ScheduleError(f"op {op.name!r}: {lacks[op.opcode]} not yet in the TileLang "
+                            "backend; use --backend cuda")
     tilelang = load_tilelang()
     cuda_source = codegen.emit_source(program)  # also refuses what the skeleton cannot run
     lengths = segment_lengths(program)

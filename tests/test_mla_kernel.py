@@ -1,0 +1,281 @@
+"""Absorbed MLA (DeepSeek-V3 attention) in the CUDA backend, on the CPU: what the codegen
+accepts and refuses, the MLA artifacts (tiny and full-size attention compile without spills,
+dense cubins do not carry MLA code), the derived kv_b weights packed where the task table
+points, and a whole decode step of the kernel's own device code, run on the host
+(tests/host_kernel.cpp: `step`) from the task table, the packed weights and the arenas,
+against the interpreter.
+
+The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (MLA_MODELS).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_fp8_kernel import needs_nvcc
+from test_moe_kernel import TOOL, columns
+from test_sampling import HARNESS
+
+import tilertc
+from tilertc.backends.cuda import codegen, encode
+from tilertc.backends.cuda.encode import FIELDS, MLA_FIELDS, OPCODES
+from tilertc.driver import CompileOptions, compile, manifest
+from tilertc.engine import act_arena, copy_cache, pack_weights
+from tilertc.ir.interpreter import Interpreter
+from tilertc.ir.mla import kv_b_per_head
+from tilertc.ir.target import get_target
+from tilertc.ir.weights import random_weights
+from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import Program, ScheduleError
+
+# deepseek-v3-tiny with a dense FFN in every layer: DeepSeek's MoE routing is not in the kernel
+DENSE = {"first_k_dense_replace": 3}
+# Full-size DeepSeek-V3 attention (from the V3.2 config without its indexer), three dense layers
+FULL = {"model_type": "deepseek_v3", "num_hidden_layers": 3, "first_k_dense_replace": 3,
+        "quantization_config": None}
+
+
+def mla_tiny(**overrides: Any) -> ModelSpec:
+    return tilertc.load_spec("deepseek-v3-tiny", overrides={**DENSE, **overrides})
+
+
+# -- what the codegen takes ----------------------------------------------------------------------
+
+def test_codegen_takes_mla_and_compiles_mla_code_only_for_it() -> None:
+    mla = codegen.constants(tilertc.schedule(mla_tiny()))
+    assert {k: v for k, v in mla.items() if k.startswith("MLA")} == {
+        "MLA": 1, "MLA_RANK": 16, "MLA_ROPE": 8, "MLA_NOPE": 16, "MLA_HEADS": 4, "MLA_KEYS": 32,
+        "MLA_ROPE_INTERLEAVED": 1}
+    assert "HEAD_DIM" not in mla  # GQA attention is not compiled into an MLA kernel
+    dense = codegen.constants(tilertc.schedule(tilertc.load_spec("llama-tiny")))
+    assert dense["MLA"] == 0 and not any(k.startswith("MLA_") for k in dense)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("deepseek-v3.2-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
+    ("glm-5-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
+    ("deepseek-v3-tiny", "not yet in the CUDA backend: sigmoid router scores and group-limited "
+                         "routing and a routing correction bias"),
+])
+def test_what_the_kernel_lacks_is_refused_by_name(name: str, message: str) -> None:
+    with pytest.raises(ScheduleError, match=message):
+        codegen.check_supported(tilertc.schedule(tilertc.load_spec(name)))
+
+
+def test_attention_over_a_dsa_selection_is_refused_by_name() -> None:
+    program = tilertc.schedule(mla_tiny())
+    program.graph.op("layers.1.attention").attrs["dsa"] = True
+    with pytest.raises(ScheduleError, match="op 'layers.1.attention': not yet in the CUDA "
+                                            "backend: attention over the DSA indexer's top-k"):
+        codegen.check_supported(program)
+
+
+def test_tilelang_backend_refuses_mla() -> None:
+    from tilertc.backends.tilelang.emit import emit
+
+    with pytest.raises(ScheduleError, match="'layers.0.q_absorb': MLA is not yet in the "
+                                            "TileLang backend"):
+        emit(tilertc.schedule(mla_tiny()))
+
+
+# -- the artifacts -----------------------------------------------------------------------------
+
+def test_mla_artifacts_compile_without_spills(tmp_path: Path) -> None:
+    """The tiny spec and full-size DeepSeek-V3 attention compile into one checked kernel that
+    spills no more than the dense kernels (none); their tables have the MLA fields."""
+    needs_nvcc()
+    for name, spec in (("tiny", mla_tiny()),
+                       ("full", tilertc.load_spec("deepseek-v3.2", overrides=FULL))):
+        out = compile(spec, tmp_path / name, CompileOptions(max_seq_len=512))
+        assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
+        col, m = columns(out)
+        assert m["task_fields"] == [*FIELDS, *MLA_FIELDS]
+        assert "#define MLA 1" in (out / "kernel.cu").read_text()
+        assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, m["kernel"]["ptxas"]
+        assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, m["kernel"]["ptxas"]
+        attn = col["opcode"] == OPCODES["mla_attention"]
+        groups = spec.num_heads // m["kernel"]["constants"]["MLA_HEADS"]
+        assert attn.sum() == 3 * groups * col["count"][attn][0]  # layers x groups x chunks
+        assert (col["append"] == 1).sum() == 3  # one latent append per layer
+
+
+def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them() -> None:
+    """Every head_matvec task's packed rows are the rows of W_uk transposed per head (q
+    absorption) or of W_uv (v expansion), cut from kv_b_proj."""
+    program = tilertc.schedule(mla_tiny())
+    m = manifest(program, CompileOptions(), codegen.constants(program), {}, "")
+    weights = random_weights(tilertc.build_graph(program.spec, 64), seed=5)
+    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    seen = 0
+    for op in (o for o in program.graph.ops() if o.opcode == "head_matvec"):
+        a = op.attrs
+        kv_b = weights[f"model.layers.{op.layer}.self_attn.kv_b_proj.weight"]
+        w_uk, w_uv = kv_b_per_head(kv_b, a)
+        rows = (w_uk.transpose(1, 2) if "kv_a" in a["io"] else w_uv).reshape(a["rows"], a["K"])
+        for t in (t for t in program.tasks if t.op == op.name):
+            row = encode.encode_task(program, t)
+            at = row[FIELDS.index("w_lo")] * 16
+            got = packed[at: at + (t.rows[1] - t.rows[0]) * a["K"] * 2].view(torch.bfloat16)
+            assert torch.equal(got, rows[t.rows[0]:t.rows[1]].reshape(-1)), (op.name, t.index)
+            seen += 1
+    assert seen == 3 * 2 * 64  # layers x (absorption, expansion) x tasks
+
+
+# -- a decode step of the device code, run on the host ---------------------------------------
+
+def step_source() -> str:
+    """What the `step` command runs of decode.cuh: the task table and parameters, the
+    shared-memory struct, the task predicates, and everything compute runs for a task (the
+    sampling section through the MLA section: matrix-vector tasks, embedding, sampler, MLA)."""
+    src = codegen.LIBRARY.read_text()
+
+    def definition(start: str) -> str:
+        at = src.index(start)
+        return src[at:src.index("\n}", at) + 2] + (";\n" if start.startswith("struct") else "\n")
+
+    def line(start: str) -> str:
+        at = src.index(start)
+        return src[at:src.index("\n", at) + 1]
+
+    enums = src.index("enum Opcode")
+    return "\n".join([
+        src[enums:src.index("\n", src.index("enum ErrorCode"))],
+        definition("__device__ __forceinline__ float warp_sum"),
+        definition("__device__ __forceinline__ float warp_max"),
+        definition("struct Shared {"),
+        *(definition(f"__device__ __forceinline__ bool {f}(const int* t)")
+          for f in ("has_weights", "normed", "adds_residual")),
+        line("__device__ __forceinline__ int rows_per_page"),
+        src[src.index("// ---- sampling"):src.index("// ---- compute warps")],
+    ])
+
+
+def build_step_harness(out: Path, consts: dict[str, object]) -> Path:
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    (out / "kernel_extract.inc").write_text(step_source())
+    exe = out / "host_kernel"
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{out}", *[f"-D{k}={v}" for k, v in
+                                                           consts.items()],
+                    "-o", str(exe), str(HARNESS)], check=True, capture_output=True, text=True)
+    return exe
+
+
+def small(name: str, sms: int):
+    """The H200 with fewer SMs: tasks of several rows (head_matvec tasks that span heads) and
+    few context chunks (several blocks of keys per chunk)."""
+    import dataclasses
+
+    return dataclasses.replace(get_target("h200"), name=name, num_sms=sms)
+
+
+SEQ = 256
+# (spec overrides, target, prompt length, what the step's tasks cover): the tiny spec on the
+# H200 (one row per task, 32 chunks, some empty at this context); on 5 SMs (head_matvec tasks
+# straddling heads, 2 blocks of keys per chunk); 32 heads in two groups, no q LoRA (q from the
+# input norm's projection), RoPE not interleaved, a latent rank of 160 (2 latent dims per
+# thread of 4 warps) on 7 SMs (tasks spanning 6 heads, 3 blocks of keys per chunk).
+STEPS = [
+    ({}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True, "groups": 1}),
+    ({}, small("h200-5", 5), 200, {"heads_per_task": 2, "key_blocks": 2, "empty_chunks": False,
+                                    "groups": 1}),
+    ({"num_attention_heads": 32, "num_key_value_heads": 32, "q_lora_rank": None,
+      "rope_interleave": False, "kv_lora_rank": 160}, small("h200-7", 7), 200,
+     {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}),
+]
+
+
+def coverage(program: Program, pos: int) -> dict[str, object]:
+    """The most heads a head_matvec task's rows span, the most key blocks (MLA_KEYS) of an
+    attention chunk, whether a chunk is empty, and the head groups, at position `pos`."""
+    from tilertc.passes.residency import MLA_KEYS
+
+    spans = max(-(-t.rows[1] // a["rows_per_head"]) - t.rows[0] // a["rows_per_head"]
+                for t in program.tasks if t.opcode == "head_matvec"
+                for a in [program.graph.op(t.op).attrs])
+    attn = next(op for op in program.graph.ops() if op.opcode == "mla_attention").attrs
+    chunks, n = attn["tile"]["chunks"], pos + 1
+    keys = [n * (c + 1) // chunks - n * c // chunks for c in range(chunks)]
+    return {"heads_per_task": spans, "key_blocks": -(-max(keys) // MLA_KEYS),
+            "empty_chunks": min(keys) == 0,
+            "groups": attn["n_heads"] // attn["tile"]["heads_per_task"]}
+
+
+def host_step(tmp: Path, program: Program, weights: dict[str, torch.Tensor], prompt: torch.Tensor,
+              token: int) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """The step at position len(prompt) done by the harness, after the interpreter prefilled
+    `prompt` (its caches copied into the kernel's layout as the engine does); returns the
+    kernel's token and buffers (by name, from its arenas), the interpreter's tensors of the
+    step, and the manifest."""
+    cpu = torch.device("cpu")
+    consts = codegen.constants(program)
+    m = manifest(program, CompileOptions(max_seq_len=SEQ), consts, {}, "")
+    ref = Interpreter(tilertc.build_graph(program.spec, SEQ), weights, cpu,
+                      cache_dtype=torch.bfloat16)
+    ref.run(prompt, torch.arange(len(prompt)))
+    kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16)
+    copy_cache(m, ref.state, torch.arange(len(prompt)), kv)
+    act = act_arena(m, weights, cpu)
+    act[m["buffers"]["logits"]["offset"]:][:program.spec.vocab_size] = float("nan")
+    (tmp / "act.bin").write_bytes(act.numpy().tobytes())
+    (tmp / "kv.bin").write_bytes(kv.view(torch.int16).numpy().tobytes())
+    (tmp / "weights.bin").write_bytes(pack_weights(m["weights"], weights, cpu).numpy().tobytes())
+    (tmp / "embed.bin").write_bytes(weights[m["embedding"]].view(torch.int16).numpy().tobytes())
+    (tmp / "tasks.bin").write_bytes(encode.encode(program)[0].tobytes())
+    exe = build_step_harness(tmp, consts)
+    rope = m["buffers"][m["rope"]["buffer"]]["offset"]
+    out = subprocess.run([str(exe)], input=f"step {tmp} {token} {len(prompt)} {rope}\n",
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[1] == "0", f"the kernel recorded error {out[1]}"
+    act = torch.from_numpy(np.fromfile(tmp / "act.bin", dtype=np.float32))
+    kv = torch.from_numpy(np.fromfile(tmp / "kv.bin", dtype=np.int16)).view(torch.bfloat16)
+    arena = {"act": act, "kv": kv}
+    bufs = {name: arena[b["arena"]][b["offset"]:b["offset"] + b["numel"]]
+            for name, b in m["buffers"].items()}
+    env = ref.run(torch.tensor([token]), torch.tensor([len(prompt)]))
+    return int(out[0]), bufs, env, m
+
+
+@pytest.mark.parametrize("overrides, target, prefill, covers", STEPS)
+def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, overrides: dict,
+                                                     target: Any, prefill: int,
+                                                     covers: dict[str, object]) -> None:
+    """One decode step of decode.cuh's own code (embed, the norm_matvec / head_matvec /
+    mla_attention / matvec_add tasks of every layer, lm_head and the greedy sampler) from the
+    task table, packed weights and arenas, against the interpreter (bf16 cache like the
+    kernel's) on random weights and tokens: per layer the latent queries, the attention's
+    latent output, the expanded heads and the residual stream, the appended cache row, and
+    the logits and token."""
+    spec = mla_tiny(**overrides)
+    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    assert coverage(program, prefill) == covers
+    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
+    gen = torch.Generator().manual_seed(prefill)
+    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
+    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    got_tok, bufs, env, m = host_step(tmp_path, program, weights, prompt, token)
+    width = m["kv_cache"]["width"]
+    for layer in range(spec.num_layers):
+        for name in ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"):
+            key = f"layers.{layer}.{name}"
+            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
+                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
+        cache = f"layers.{layer}.kv_latent_cache"
+        row = bufs[cache].view(-1, width)[prefill].float()
+        want = env[cache][prefill].float()  # bf16: one rounding step apart at most
+        assert torch.allclose(row, want, rtol=1e-2, atol=1e-3 * float(want.abs().max())), cache
+        assert torch.equal(bufs[cache].view(-1, width)[:prefill].float(),
+                           env[cache][:prefill].float()), "the prefilled rows changed"
+    logits = env["logits"][0]
+    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+    assert got_tok == int(bufs["logits"].argmax())
