@@ -410,11 +410,14 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
   return s.flags[2];
 }
 
-// The barrier orders every compute thread's writes before thread 0's release, and release is
-// cumulative, so no separate fence is needed (a full fence costs a round trip to L2).
+// The barrier orders every compute thread's writes before the signalling thread's release, and
+// release is cumulative, so no separate fence is needed. The release still waits for those
+// writes to reach L2 (a round trip); it is made by a thread of the second warp, so that the
+// first warp's thread 0 starts acquiring the next task's counters meanwhile.
+constexpr int SIGNAL_THREAD = 32 + (COMPUTE_WARPS > 1 ? 32 : 0);
 __device__ void signal_done(const Params& p, const int* t) {
   compute_sync();
-  if (threadIdx.x == 32) red_release(&p.counters[t[F_SIGNAL]], 1);
+  if (threadIdx.x == SIGNAL_THREAD) red_release(&p.counters[t[F_SIGNAL]], 1);
 }
 
 // ---- sampling (ir/sampling.py defines what this computes, and why) -------------------------
