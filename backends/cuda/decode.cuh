@@ -1020,6 +1020,21 @@ __device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long lo
   write_best(p, s, t, best, best_row, ct);
 }
 
+// ---- compute: chunked attention, GQA (below) or MLA (further below) ------------------------
+// A chunked attention task (GQA or MLA) arrives on its group's counter once its chunk's results
+// are written (release) and learns whether it was the step's last of the group's `chunks`
+// arrivals (acquire: the other chunks' results are then visible), which merges the group.
+__device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, long long step, int chunks,
+                               int ct) {
+  compute_sync();
+  if (ct == 0) {
+    const unsigned before = atom_add_acq_rel(&p.counters[t[F_ARRIVE] + g], 1u);
+    s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
+  }
+  compute_sync();
+  return s.flags[4];
+}
+
 #if !MLA  // an MLA model's attention is run_mla_attention
 // ---- compute: attention, one context chunk of one KV group --------------------------------
 // The context of a KV group is cut into F_COUNT chunks at run time (the context grows every
@@ -1255,14 +1270,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   compute_sync();
   float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * PART;
   for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) __stcg(parts + c * PART + i, out[i]);
-  // Arrive on the group's counter; the last of the step's `chunks` arrivals merges.
-  compute_sync();
-  if (ct == 0) {  // release this chunk's results; acquire the other chunks' if it is the last
-    const unsigned before = atom_add_acq_rel(&p.counters[t[F_ARRIVE] + g], 1u);
-    s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
-  }
-  compute_sync();
-  if (!s.flags[4]) return false;
+  if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge the group's chunks: stage all their results in shared memory at once, then combine.
   float* all = out + PART;  // [chunks][PART]
   for (int i = ct; i < chunks * PART; i += COMPUTE_WARPS * 32) all[i] = __ldcg(parts + i);
@@ -1569,13 +1577,7 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
     __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK, st[h]);
     __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK + 1, st[MLA_HEADS + h]);
   }
-  compute_sync();
-  if (ct == 0) {  // release this chunk's results; acquire the other chunks' if it is the last
-    const unsigned before = atom_add_acq_rel(&p.counters[t[F_ARRIVE] + g], 1u);
-    s.flags[4] = before == static_cast<unsigned>((step + 1) * chunks - 1);
-  }
-  compute_sync();
-  if (!s.flags[4]) return false;
+  if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge: chunk k's sums count exp(max_k - max) times; an empty chunk (max -inf) not at all.
   for (int h = ct; h < MLA_HEADS; h += NT) {
     float mx = -INFINITY, den = 0.f;
