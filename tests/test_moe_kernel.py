@@ -44,10 +44,10 @@ def test_codegen_takes_qwen3_moe_and_compiles_moe_code_only_for_it() -> None:
 
 
 @pytest.mark.parametrize("op, attrs, message", [
-    ("layers.0.moe.topk", {"scoring": "sigmoid"}, "sigmoid router scores"),
-    ("layers.0.moe.topk", {"n_group": 4, "topk_group": 2}, "group-limited routing"),
+    ("layers.0.moe.topk", {"scoring": "sqrtsoftplus"}, "sqrtsoftplus router scores"),
+    ("layers.0.moe.topk", {"n_group": 64, "topk_group": 2}, "more than 32 expert groups"),
     ("layers.0.moe.topk", {"num_experts": 512}, "more than 256 experts"),
-    ("layers.0.moe.down_proj", {"shared_intermediate": 64}, "a shared expert"),
+    ("layers.0.moe.down_proj", {"shared_intermediate": 20}, "shared expert rows that are not"),
     ("layers.1.moe.down_proj", {"intermediate_size": 20}, "expert rows that are not whole"),
 ])
 def test_routing_the_kernel_lacks_is_refused_by_name(op: str, attrs: dict[str, Any],
