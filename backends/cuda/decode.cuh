@@ -277,6 +277,12 @@ __device__ bool route_pieces(const Params& p, const Shared& s, const int* t, lon
   return true;
 }
 
+// Whether a routed task's pages are gathered piece by piece (copy_pieces): a down task's rows
+// come from several experts (and the shared one); a gate/up task's are one expert's, contiguous.
+// A macro, not a function: as a function it changed the machine code of kernels without a
+// shared expert.
+#define GATHERS_PIECES(t) ((t)[F_SLOTS] > 1 || (MOE_SHARED_K && (t)[F_OPCODE] == OP_MOE_DOWN_ADD))
+
 // One page of a routed task with several pieces per row (the MoE down projection: a row is
 // the down rows of every slot's expert side by side, then the shared expert's): one bulk copy
 // per row and piece.
@@ -391,9 +397,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
         uint64_t* full = &s.full[issued++ % RING_PAGES];
         mbar_expect_tx(full, bytes);
 #if MOE
-        // a down task's rows come from several experts (and the shared one); a gate/up task's
-        // are one expert's, contiguous
-        if (routed && (t[F_SLOTS] > 1 || (MOE_SHARED_K && t[F_OPCODE] == OP_MOE_DOWN_ADD)))
+        if (routed && GATHERS_PIECES(t))
           copy_pieces(page, piece, t, r, min(rpp, rows - r), full);
         else
 #endif
