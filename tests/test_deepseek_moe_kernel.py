@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import SEQ, host_step, small
-from test_moe_kernel import TOOL, columns
+from test_moe_kernel import TOOL, columns, router_constants
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
 import tilertc
@@ -145,10 +145,8 @@ def test_kernel_deepseek_router_is_the_interpreters(tmp_path: Path, experts: int
                                                     scaling: float) -> None:
     """Expert ids exactly (best first; equal values: the lower expert first; groups with equal
     scores: the lower group first) and combine weights to float32 rounding."""
-    moe = {"MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
-           "MOE_SCALING": f"{scaling!r}f", "MOE_SIGMOID": 1, "MOE_BIAS": 1,
-           "MOE_GROUPS": groups, "MOE_TOPK_GROUP": topk_group}
-    exe = build_host_kernel(tmp_path, 256, 4, 2, moe)
+    exe = build_host_kernel(tmp_path, 256, 4, 2, router_constants(
+        experts, k, norm, scaling, deepseek=True, groups=groups, topk_group=topk_group))
     cases = router_cases(experts, k, groups, torch.Generator().manual_seed(experts + groups))
     attrs = {"scoring": "sigmoid", "n_group": groups, "topk_group": topk_group, "top_k": k,
              "norm_topk_prob": norm, "routed_scaling_factor": scaling}
