@@ -152,11 +152,15 @@ def selection_values(engine: Engine, op, env: dict[str, torch.Tensor]
     """What the interpreter's router selected by: each expert's score (softmax or sigmoid)
     plus the correction bias, and with group-limited routing each expert's group's score (the
     sum of its two best values), as ir/moe.py: route computes them."""
-    a, w = op.attrs, engine.weights
-    logits = env[op.inputs[0]][0].float() @ w[engine.graph.tensors[op.inputs[1]].hf_name].float().T
+    a, x = op.attrs, env[op.inputs[0]][0].float()
+
+    def weight(i: int) -> torch.Tensor:  # the engine keeps its checkpoint on the host
+        return engine.weights[engine.graph.tensors[op.inputs[i]].hf_name].float().to(x.device)
+
+    logits = x @ weight(1).T
     choice = logits.softmax(-1) if a["scoring"] == "softmax" else logits.sigmoid()
     if len(op.inputs) > 2:
-        choice = choice + w[engine.graph.tensors[op.inputs[2]].hf_name].float()
+        choice = choice + weight(2)
     if a["topk_group"] >= a["n_group"]:
         return choice, None
     grouped = choice.reshape(a["n_group"], -1)
