@@ -23,7 +23,7 @@ from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.fusion_mla import MLA_DIMS
-from tilertc.passes.packing import expert_weights
+from tilertc.passes.packing import expert_weights, static_bytes
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
 from tilertc.passes.residency import rope_dim
@@ -75,7 +75,9 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
         if not t.segments:  # no weights, or routed ones (below)
             continue
         ws = [g.tensors[s.tensor] for s in t.segments]
-        entry = {"offset": t.weight_offset, "bytes": t.weight_bytes,
+        routed = t.static_offset >= 0  # a routed task's static rows (the shared expert's)
+        entry = {"offset": t.static_offset if routed else t.weight_offset,
+                 "bytes": static_bytes(program, t) if routed else t.weight_bytes,
                  "interleave": bool(g.op(t.op).attrs.get("interleave")),
                  "format": ws[0].dtype,
                  "segments": [[w.hf_name, s.row0, s.row1]

@@ -39,7 +39,9 @@ def random_weights(
 
     Norm weights are drawn around 1 and biases around 0 so that activations stay in range
     through many layers, as in a trained model. FP8 weights are drawn the same way, then
-    quantized per block, with their `weight_scale_inv` (powers of two under ue8m0).
+    quantized per block, with their `weight_scale_inv` (powers of two under ue8m0). Weights
+    the graph keeps in fp32 (DeepSeek's routing correction bias, fp32 in its checkpoints too)
+    stay fp32, so that they pass the engine's weight checks.
     """
     ue8m0 = graph.attrs.get("weight_format", {}).get("scale_fmt") == "ue8m0"
     gen = torch.Generator().manual_seed(seed)
@@ -55,7 +57,7 @@ def random_weights(
             scale_name = graph.tensors[t.attrs["scale_inv"]].hf_name
             out[t.hf_name], out[scale_name] = quantize(w, tuple(t.attrs["block"]), ue8m0)
         else:
-            out[t.hf_name] = w.to(dtype)
+            out[t.hf_name] = w.to(torch.float32 if t.dtype == "fp32" else dtype)
     return out
 
 

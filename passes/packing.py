@@ -12,7 +12,7 @@ interleaved (as a dense gate/up task packs them), a `moe_down_add` region each e
 rows. A routed task's `weight_offset` is where its rows lie in expert 0's part of the region,
 and the kernel adds `expert × stride` for the expert its slot is routed to, so the address
 comes from the expert id alone (`op.attrs["experts_packed"]`). A task's static part (the
-shared expert's rows of a `moe_down_add`) stays in stream order.
+shared expert's rows of a `moe_down_add`) stays in stream order, at its `static_offset`.
 """
 
 from __future__ import annotations
@@ -75,7 +75,10 @@ def pack(program: Program) -> Program:
             t = program.tasks[i]
             n = static_bytes(program, t)
             if n:
-                t.weight_offset = offset
+                if t.opcode in ROUTED:
+                    t.static_offset = offset
+                else:
+                    t.weight_offset = offset
                 offset += _align(n)
     static = offset
     offset = _pack_experts(program, offset)

@@ -45,6 +45,9 @@ class Task:
     other_bytes: int = 0  # KV cache and activations read from global memory
     sm: int = -1
     weight_offset: int = -1  # bytes into the packed weight buffer
+    # A routed task's static rows (a moe_down_add's shared expert), when weight_offset is where
+    # its routed rows lie in expert 0's part of its op's region.
+    static_offset: int = -1
     waits: list[tuple[int, int]] = field(default_factory=list)  # (counter, increments per step)
     signal: int = -1  # counter incremented once per step when the task is done
     # Chunked attention: the counter the task arrives on; only the group's last arrival signals.

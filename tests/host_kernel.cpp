@@ -13,8 +13,10 @@
 //   sample V TASKS TEMP_BITS TOP_K TOP_P_BITS SEED POS (LOGIT_BITS)*V
 //                                    -> the token and the nucleus-cut count of one step's lm_head
 //                                       tasks and sampler
-//   route (LOGIT_BITS)*MOE_EXPERTS  -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
-//                                       then the bits of their combine weights
+//   route (LOGIT_BITS)*MOE_EXPERTS [(BIAS_BITS)*MOE_EXPERTS]
+//                                    -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
+//                                       then the bits of their combine weights; the correction
+//                                       bias follows the logits when built with MOE_BIAS=1
 //   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
 //                                       tests/test_mla_kernel.py) one decode step: the tasks of
 //                                       DIR/tasks.bin in order, each as the compute warps run it,
@@ -23,7 +25,9 @@
 //                                       embedding table DIR/embed.bin, the RoPE table at act
 //                                       offset ROPE; prints the token and the error code. The
 //                                       loader's part is a copy of each task's pages into the
-//                                       ring before the task; counters are a host array.
+//                                       ring before the task (a routed task's through the
+//                                       loader's own route_pieces and copy_pieces, in MoE
+//                                       models); counters are a host array.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -198,6 +202,10 @@ static void run_block(const std::function<void(int)>& f) {
 struct Params;
 static inline bool ring_wait(const Params&, uint64_t*, uint32_t, volatile int*) { return true; }
 static inline void mbar_arrive(uint64_t*) {}
+// The loader's side, as the `step` command runs it: tasks run in table order, so a routed task's
+// router has run (acquire has nothing to wait for), and a bulk copy is a copy.
+static inline bool acquire(const Params&, int, unsigned, int, volatile int*) { return true; }
+static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
 
 #include "kernel_extract.inc"
 
@@ -296,8 +304,9 @@ static void sample_command() {
 
 #if MOE
 static void route_command() {
-  std::vector<float> act(MOE_EXPERTS + 2 * MOE_TOP_K, NAN);  // logits | ids | weights
-  for (int e = 0; e < MOE_EXPERTS; ++e) {
+  const int inputs = MOE_EXPERTS * (1 + MOE_BIAS);
+  std::vector<float> act(inputs + 2 * MOE_TOP_K, NAN);  // logits | bias | ids | weights
+  for (int e = 0; e < inputs; ++e) {
     unsigned b;
     std::scanf("%u", &b);
     act[e] = __uint_as_float(b);
@@ -307,11 +316,12 @@ static void route_command() {
   int t[TASK_FIELDS] = {};
   t[F_OPCODE] = OP_MOE_TOPK;
   t[F_IN] = 0;
-  t[F_OUT] = MOE_EXPERTS;
-  t[F_AUX] = MOE_EXPERTS + MOE_TOP_K;
+  t[F_AUX2] = MOE_EXPERTS;
+  t[F_OUT] = inputs;
+  t[F_AUX] = inputs + MOE_TOP_K;
   run_block([&](int ct) { run_moe_topk(p, t, ct); });
-  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%d ", __float_as_int(act[MOE_EXPERTS + k]));
-  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%u ", __float_as_uint(act[MOE_EXPERTS + MOE_TOP_K + k]));
+  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%d ", __float_as_int(act[inputs + k]));
+  for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%u ", __float_as_uint(act[inputs + MOE_TOP_K + k]));
   std::printf("\n");
 }
 #endif
@@ -384,20 +394,41 @@ static void step_command() {
     const int* t = &tasks[id * TASK_FIELDS];
     if (has_weights(t)) {  // the loader's pages of this task, into the slots compute will read
       const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-      const long long w = ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+      const uint8_t* src =
+          p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
       if ((rows + rpp - 1) / rpp > RING_PAGES) {
         std::printf("task %zu has more pages than the ring\n", id);
         return;
       }
-      for (int r = 0, i = 0; r < rows; r += rpp, ++i)
-        std::memcpy(s.ring + (consumed + i) % RING_PAGES * PAGE_BYTES, p.weights + w + static_cast<long long>(r) * rb,
-                    static_cast<size_t>(min(rpp, rows - r)) * rb);
+#if MOE  // as run_loader: the slots' experts, the pieces of a down task's rows gathered
+      const uint8_t* piece[MOE_PIECES];
+      const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
+      if (routed) {
+        route_pieces(p, s, t, 0, static_cast<int>(id), src, piece);
+        src = piece[0];
+      }
+#endif
+      for (int r = 0, i = 0; r < rows; r += rpp, ++i) {
+        uint8_t* page = s.ring + (consumed + i) % RING_PAGES * PAGE_BYTES;
+#if MOE
+        if (routed && GATHERS_PIECES(t)) {
+          copy_pieces(page, piece, t, r, min(rpp, rows - r), nullptr);
+          continue;
+        }
+#endif
+        std::memcpy(page, src + static_cast<long long>(r) * rb, static_cast<size_t>(min(rpp, rows - r)) * rb);
+      }
     }
     const uint32_t before = consumed;
     run_block([&](int ct) {
       uint32_t mine = before;  // each compute thread's own count of consumed pages
       switch (t[F_OPCODE]) {
         case OP_EMBED: run_embed(p, t, 0, ct); break;
+#if MOE
+        case OP_MOE_TOPK: run_moe_topk(p, t, ct); break;
+        case OP_MOE_GATE_UP:
+        case OP_MOE_DOWN_ADD:
+#endif
         case OP_NORM_MATVEC:
         case OP_MATVEC_ADD:
         case OP_HEAD_MATVEC:

@@ -30,11 +30,14 @@ from tilertc.artifact import (
     kernel_entries,
     read_cubin,
     read_manifest,
+    weight_table,
 )
 from tilertc.backends.cuda.codegen import find_nvcc
 from tilertc.backends.cuda.encode import FIELDS
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import Engine
+from tilertc.ir.weights import random_weights
+from tilertc.model_specs import builtin_names
 
 MODEL = "llama-tiny"
 SEQ = 64
@@ -197,6 +200,14 @@ def weights(built: Path) -> tuple[dict[str, torch.Tensor], ExpectedWeights]:
         expected
 
 
+@pytest.mark.parametrize("name", [n for n in builtin_names() if "tiny" in n])
+def test_random_weights_pass_the_weight_checks(name: str) -> None:
+    """What Engine.load(random_seed=...) draws is what it then checks for (dtypes included:
+    DeepSeek's correction bias is fp32)."""
+    graph = tilertc.build_graph(tilertc.load_spec(name), 64)
+    check_weights(random_weights(graph, seed=1), weight_table(graph))
+
+
 def test_expected_weights_are_the_hf_names(weights) -> None:
     sd, expected = weights
     assert "model.embed_tokens.weight" in expected
@@ -251,7 +262,6 @@ def test_packed_weights_follow_the_task_table(tmp_path: Path) -> None:
     import numpy as np
 
     from tilertc.engine import pack_weights
-    from tilertc.ir.weights import random_weights
 
     spec = tilertc.load_spec("llama-tiny-odd")
     built = compile(spec, tmp_path, CompileOptions(max_seq_len=SEQ))

@@ -13,8 +13,12 @@ must again equal single steps, and seeds must reproduce.
 FP8 (`weight_dtype="fp8"`): the same teacher-forced check and token loop, the interpreter
 running the same e4m3 weights and block scales.
 
-MoE (qwen3-moe-tiny runs every test above): the router's decisions, the expert ids of every
-layer at every teacher-forced step, must be the interpreter's, and their combine weights too.
+MoE (qwen3-moe-tiny and deepseek-v3-tiny run every test above): the router's decisions, the
+expert ids of every layer at every teacher-forced step, must be the interpreter's, and their
+combine weights too; deepseek-v3-tiny has a dense first layer, then MoE layers with DeepSeek's
+router (sigmoid scores, correction bias, group-limited top-k) and a shared expert, and MLA
+attention. Full-size DeepSeek-V3 MoE (one dense and one MoE layer of 256 experts) passes the
+teacher-forced check, the token loop and the routing check.
 
 MLA (deepseek-v3-tiny with a dense FFN in every layer runs every test above): the latent cache
 rows the kernel appends must be the interpreter's; full-size DeepSeek-V3 attention (two dense
@@ -37,16 +41,19 @@ from tilertc.ir.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
 
-# Models the kernel runs only with overrides of a built-in spec: DeepSeek-V3's attention with a
-# dense FFN (its MoE routing is not in the kernel), tiny and at full size (without the V3.2
-# indexer, bf16, two layers, a smaller vocabulary so that lm_head stays small).
+# Models the kernel runs only with overrides of a built-in spec: DeepSeek-V3 with a dense FFN
+# in every layer, tiny; DeepSeek-V3 at full size (without the V3.2 indexer, bf16, a smaller
+# vocabulary so that lm_head stays small): two dense layers, or one dense and one MoE layer.
+FULL_SIZE = {"model_type": "deepseek_v3", "quantization_config": None, "vocab_size": 32000}
 VARIANTS = {
     "deepseek-v3-tiny-dense": ("deepseek-v3-tiny", {"first_k_dense_replace": 3}),
     "deepseek-v3-attention": ("deepseek-v3.2", {
-        "model_type": "deepseek_v3", "num_hidden_layers": 2, "first_k_dense_replace": 2,
-        "quantization_config": None, "vocab_size": 32000}),
+        **FULL_SIZE, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
+    "deepseek-v3-moe": ("deepseek-v3.2", {
+        **FULL_SIZE, "num_hidden_layers": 2, "first_k_dense_replace": 1}),
 }
-MLA_MODELS = ["deepseek-v3-tiny-dense"]
+MLA_MODELS = ["deepseek-v3-tiny-dense", "deepseek-v3-tiny"]
+MOE_MODELS = ["qwen3-moe-tiny", "deepseek-v3-tiny"]
 MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b",
           "qwen3-moe-tiny", *MLA_MODELS]
 PREFILL, STEPS = 100, 64
@@ -140,34 +147,58 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
 ROUTING_TIE = 1e-4  # router scores this close may be ordered either way by fp32 rounding
 
 
-def test_moe_routing_decisions_match_interpreter(tmp_path) -> None:
-    """Teacher-forced steps of qwen3-moe-tiny: after each, every layer's expert ids (best
-    first) are the interpreter's, except where the interpreter's own scores are within rounding
-    of a tie at a place where they differ; the combine weights agree to fp32 rounding. The
-    interpreter keeps its KV cache in bf16 as the kernel does, so that the two routers see the
-    same hidden state up to summation order, not up to the cache's rounding."""
-    out = compile(tilertc.load_spec("qwen3-moe-tiny"), tmp_path, CompileOptions(max_seq_len=512))
-    engine = Engine.load(out, random_seed=1234)
+def selection_values(engine: Engine, op, env: dict[str, torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the interpreter's router selected by: each expert's score (softmax or sigmoid)
+    plus the correction bias, and with group-limited routing each expert's group's score (the
+    sum of its two best values), as ir/moe.py: route computes them."""
+    a, x = op.attrs, env[op.inputs[0]][0].float()
+
+    def weight(i: int) -> torch.Tensor:  # the engine keeps its checkpoint on the host
+        return engine.weights[engine.graph.tensors[op.inputs[i]].hf_name].float().to(x.device)
+
+    logits = x @ weight(1).T
+    choice = logits.softmax(-1) if a["scoring"] == "softmax" else logits.sigmoid()
+    if len(op.inputs) > 2:
+        choice = choice + weight(2)
+    if a["topk_group"] >= a["n_group"]:
+        return choice, None
+    grouped = choice.reshape(a["n_group"], -1)
+    return choice, grouped.topk(2, -1).values.sum(-1).repeat_interleave(grouped.shape[1])
+
+
+def check_routing(engine: Engine, steps: int = STEPS) -> None:
+    """Teacher-forced steps: after each, every layer's expert ids (best first) are the
+    interpreter's, except where the interpreter's own selection values (or, for group-limited
+    routing, the scores of the two experts' groups) are within rounding of a tie at a place
+    where they differ; the combine weights agree to fp32 rounding. The interpreter keeps its KV
+    cache in bf16 as the kernel does, so that the two routers see the same hidden state up to
+    summation order, not up to the cache's rounding."""
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
     compared = 0
-    for i, _, _, env in forced_steps(engine, 17, torch.bfloat16):
+    for i, _, _, env in forced_steps(engine, 17, torch.bfloat16, steps=steps):
         routing = engine.routing()
         for op in routers:
             got, got_w = routing[op.layer]
             want = env[op.outputs[0]][0].tolist()
             if got != want:
-                gate = engine.weights[engine.graph.tensors[op.inputs[1]].hf_name]
-                scores = (env[op.inputs[0]][0].float() @ gate.float().to(engine.device).T)
-                scores = scores.softmax(-1)
+                choice, group = selection_values(engine, op, env)
                 place = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-                close = abs(float(scores[got[place]] - scores[want[place]]))
+                e, f = got[place], want[place]
+                close = min(abs(float(v[e] - v[f])) for v in (choice, group) if v is not None)
                 assert close <= ROUTING_TIE, (
                     f"step {i}, layer {op.layer}: kernel experts {got}, interpreter {want} "
-                    f"(scores differ by {close:.3g})")
+                    f"(selection values differ by {close:.3g})")
                 continue
             compared += 1
             assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
-    assert compared >= 0.9 * STEPS * len(routers), "too many routing decisions within a tie"
+    assert compared >= 0.9 * steps * len(routers), "too many routing decisions within a tie"
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_moe_routing_decisions_match_interpreter(name: str, tmp_path) -> None:
+    out = compile(load(name), tmp_path, CompileOptions(max_seq_len=512))
+    check_routing(Engine.load(out, random_seed=1234))
 
 
 @pytest.mark.parametrize("name", MLA_MODELS)
@@ -201,6 +232,17 @@ def test_full_size_mla_attention_matches_interpreter(tmp_path) -> None:
     engine = Engine.load(out, random_seed=1234)
     check_teacher_forced(engine)
     test_token_loop_equals_single_steps(engine)
+
+
+def test_full_size_deepseek_moe_matches_interpreter(tmp_path) -> None:
+    """DeepSeek-V3's MoE at full size (256 experts in 8 groups, 8 per token from 4 groups, a
+    2048-wide shared expert; ~23 GB of experts in one layer) after a dense layer, with random
+    weights: teacher-forced logits, the token loop and the routing decisions."""
+    out = compile(load("deepseek-v3-moe"), tmp_path, CompileOptions(max_seq_len=512))
+    engine = Engine.load(out, random_seed=1234)
+    check_teacher_forced(engine, steps=16)
+    test_token_loop_equals_single_steps(engine)
+    check_routing(engine, steps=16)
 
 
 FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]

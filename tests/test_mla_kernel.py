@@ -62,8 +62,6 @@ def test_codegen_takes_mla_and_compiles_mla_code_only_for_it() -> None:
 @pytest.mark.parametrize("name, message", [
     ("deepseek-v3.2-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
     ("glm-5-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
-    ("deepseek-v3-tiny", "not yet in the CUDA backend: sigmoid router scores and group-limited "
-                         "routing and a routing correction bias"),
 ])
 def test_what_the_kernel_lacks_is_refused_by_name(name: str, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
@@ -133,8 +131,9 @@ def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them() -> None:
 
 def step_source() -> str:
     """What the `step` command runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, the task predicates, and everything compute runs for a task (the
-    sampling section through the MLA section: matrix-vector tasks, embedding, sampler, MLA)."""
+    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), and
+    everything compute runs for a task (the sampling section through the MLA section:
+    matrix-vector tasks, embedding, sampler, MoE router, MLA)."""
     src = codegen.LIBRARY.read_text()
 
     def definition(start: str) -> str:
@@ -154,6 +153,7 @@ def step_source() -> str:
         *(definition(f"__device__ __forceinline__ bool {f}(const int* t)")
           for f in ("has_weights", "normed", "adds_residual")),
         line("__device__ __forceinline__ int rows_per_page"),
+        src[src.index("#if MOE\n// A routed task's row"):src.index("// Waits until ring slot")],
         src[src.index("// ---- sampling"):src.index("// ---- compute warps")],
     ])
 

@@ -44,10 +44,10 @@ def test_codegen_takes_qwen3_moe_and_compiles_moe_code_only_for_it() -> None:
 
 
 @pytest.mark.parametrize("op, attrs, message", [
-    ("layers.0.moe.topk", {"scoring": "sigmoid"}, "sigmoid router scores"),
-    ("layers.0.moe.topk", {"n_group": 4, "topk_group": 2}, "group-limited routing"),
+    ("layers.0.moe.topk", {"scoring": "sqrtsoftplus"}, "sqrtsoftplus router scores"),
+    ("layers.0.moe.topk", {"n_group": 64, "topk_group": 2}, "more than 32 expert groups"),
     ("layers.0.moe.topk", {"num_experts": 512}, "more than 256 experts"),
-    ("layers.0.moe.down_proj", {"shared_intermediate": 64}, "a shared expert"),
+    ("layers.0.moe.down_proj", {"shared_intermediate": 20}, "shared expert rows that are not"),
     ("layers.1.moe.down_proj", {"intermediate_size": 20}, "expert rows that are not whole"),
 ])
 def test_routing_the_kernel_lacks_is_refused_by_name(op: str, attrs: dict[str, Any],
@@ -155,15 +155,22 @@ def test_packed_experts_follow_the_task_table(tiny: Path) -> None:
 ROUTERS = [(8, 2, True, 1.0), (128, 8, True, 1.0), (60, 4, False, 2.5)]
 
 
+def router_constants(experts: int, k: int, norm: bool, scaling: float, deepseek: bool = False,
+                     groups: int = 1, topk_group: int = 1) -> dict[str, object]:
+    """codegen's MOE_* constants of a router: Qwen3-MoE's, or DeepSeek's (sigmoid scores, a
+    correction bias, groups)."""
+    return {"MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
+            "MOE_SCALING": f"{scaling!r}f", "MOE_SIGMOID": int(deepseek),
+            "MOE_BIAS": int(deepseek), "MOE_GROUPS": groups, "MOE_TOPK_GROUP": topk_group}
+
+
 @pytest.mark.parametrize("experts, k, norm, scaling", ROUTERS)
 def test_kernel_router_is_the_interpreters(tmp_path: Path, experts: int, k: int, norm: bool,
                                            scaling: float) -> None:
     """Expert ids exactly (best first; equal scores: the lower expert first) and combine weights
     to float32 rounding, on random logits and on logits with planted exact ties at the top-k
     boundary, all-equal logits, and a NaN."""
-    moe = {"MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
-           "MOE_SCALING": f"{scaling!r}f"}
-    exe = build_host_kernel(tmp_path, 256, 4, 2, moe)
+    exe = build_host_kernel(tmp_path, 256, 4, 2, router_constants(experts, k, norm, scaling))
     gen = torch.Generator().manual_seed(experts)
     cases = [torch.randn(experts, generator=gen) * 3 for _ in range(20)]
     for _ in range(10):  # ties straddling the k-th place

@@ -23,18 +23,19 @@ echo "gpu tests (rc $?): $(tail -1 "$out/pytest.txt")"
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # each entry: a model and its sanitize_decode.py arguments (deepseek-v3-tiny with a dense FFN in
-# every layer: the MLA kernel)
+# every layer: the MLA kernel; as built in: MLA with DeepSeek's MoE)
 for entry in llama-tiny qwen3-tiny llama-tiny-odd qwen3-moe-tiny \
-    "deepseek-v3-tiny config.first_k_dense_replace=3"; do
+    "deepseek-v3-tiny config.first_k_dense_replace=3" deepseek-v3-tiny; do
     read -r model args <<<"$entry"
+    log=$model${args:+_${args//[ =]/_}}  # one log per entry, not per model
     # shellcheck disable=SC2086  # $args: zero or more words
     timeout 120 "$sanitizer" --tool memcheck --report-api-errors no \
-        python3 tools/sanitize_decode.py "$model" $args >"$out/memcheck-$model.txt" 2>&1
-    echo "memcheck $model (rc $?): $(grep -h 'ERROR SUMMARY' "$out/memcheck-$model.txt")"
+        python3 tools/sanitize_decode.py "$model" $args >"$out/memcheck-$log.txt" 2>&1
+    echo "memcheck $entry (rc $?): $(grep -h 'ERROR SUMMARY' "$out/memcheck-$log.txt")"
     # shellcheck disable=SC2086
     timeout 120 "$sanitizer" --tool racecheck \
-        python3 tools/sanitize_decode.py "$model" $args >"$out/racecheck-$model.txt" 2>&1
-    echo "racecheck $model (rc $?): $(grep -h 'RACECHECK SUMMARY' "$out/racecheck-$model.txt")"
+        python3 tools/sanitize_decode.py "$model" $args >"$out/racecheck-$log.txt" 2>&1
+    echo "racecheck $entry (rc $?): $(grep -h 'RACECHECK SUMMARY' "$out/racecheck-$log.txt")"
 done
 
 timeout 300 tilertc bench llama-3.2-1b --context 1024 --gen 256 --profile \

@@ -9,7 +9,8 @@ memcheck counts each one this driver lacks as an API error; those are not the ke
 KNOB=N compiles with a schedule knob (`CompileOptions` tuning: compute_warps, page_kb,
 page_groups), e.g. `page_kb=9`: 9 KB pages, which every row of llama-tiny-odd divides;
 config.KEY=VALUE overrides a config key (JSON value, as `tilertc compile --set`), e.g.
-`deepseek-v3-tiny config.first_k_dense_replace=3`: MLA with a dense FFN in every layer.
+`deepseek-v3-tiny config.first_k_dense_replace=3`: MLA with a dense FFN in every layer
+(`deepseek-v3-tiny` as built in: MLA with DeepSeek's MoE after a dense first layer).
 
 Compiles MODEL (small KV capacity), loads random weights, prefills, then runs single steps,
 a greedy token loop and a sampled token loop, so that every opcode and the in-kernel loop run

@@ -22,13 +22,16 @@ LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
 # What the fused opcodes the kernel lacks belong to, for the refusal's message.
 FEATURES = {"dsa_score": "DSA indexer", "dsa_topk": "DSA indexer"}
-# The router is one warp: every expert's score in its registers, lane k keeps the k-th choice.
+# The router is one warp: every expert's score in its registers, lane k keeps the k-th choice;
+# its group-limited selection keeps the chosen groups as bits of a word.
 MAX_EXPERTS = 256
+MAX_GROUPS = 32
 
 
 def check_supported(program: Program) -> None:
-    """The CUDA backend runs the dense fused opcodes and Qwen3-MoE's routed experts on one
-    GPU; anything else is refused by name here, before any source is emitted."""
+    """The CUDA backend runs the dense fused opcodes, MoE (Qwen3-MoE's and DeepSeek-V3's
+    routing, routed and shared experts) and absorbed MLA on one GPU; anything else is refused
+    by name here, before any source is emitted."""
     from tilertc.backends.cuda.encode import OPCODES
 
     if program.tp != 1:
@@ -70,30 +73,45 @@ def _check_mla(op) -> None:
 
 
 def _check_moe(op) -> None:
-    """The kernel's router is Qwen3-MoE's (softmax, top-k over all experts, no bias) and its
-    experts have no shared expert; DeepSeek-style routing is refused naming what is missing."""
+    """The kernel's router is one warp (softmax or sigmoid scores, an optional correction
+    bias, groups as bits of a word) and its down tasks gather whole 16-byte pieces of rows."""
     a = op.attrs
     missing = []
     if op.opcode == "moe_topk":
-        if a["scoring"] != "softmax":
+        if a["scoring"] not in ("softmax", "sigmoid"):
             missing.append(f"{a['scoring']} router scores")
-        if a["topk_group"] < a["n_group"]:
-            missing.append("group-limited routing")
-        if len(op.inputs) > 1:
-            missing.append("a routing correction bias")
         if a["num_experts"] > MAX_EXPERTS:
             missing.append(f"more than {MAX_EXPERTS} experts")
         if a["top_k"] > 32:
             missing.append("more than 32 experts per token")
+        if a["n_group"] > MAX_GROUPS:
+            missing.append(f"more than {MAX_GROUPS} expert groups")
     elif op.opcode == "moe_down_add":
-        if a["shared_intermediate"]:
-            missing.append("a shared expert")
         if a["intermediate_size"] * 2 % 16:
             missing.append("expert rows that are not whole 16-byte pieces")
+        if a["shared_intermediate"] * 2 % 16:
+            missing.append("shared expert rows that are not whole 16-byte pieces")
     if missing:
         raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
-                            f"{' and '.join(missing)} (it runs Qwen3-MoE routing: softmax, "
-                            "top-k, no shared expert)")
+                            f"{' and '.join(missing)} (it runs Qwen3-MoE and DeepSeek-V3 "
+                            "routing)")
+
+
+def _moe(program: Program, topk: dict) -> dict[str, object]:
+    """The router's constants and the shared expert's width (0: none), which every MoE layer
+    of a model shares: the router keeps its scores in registers, the loader and the staging
+    of a down task know where its routed pieces end."""
+    shared = {op.attrs["shared_intermediate"] for op in program.graph.ops()
+              if op.opcode == "moe_down_add"}
+    if len(shared) > 1:
+        raise ScheduleError(f"MoE layers with different shared experts ({sorted(shared)}) are "
+                            "not yet in the CUDA backend")
+    return {"MOE_EXPERTS": topk["num_experts"], "MOE_TOP_K": topk["top_k"],
+            "MOE_NORM_TOPK_PROB": int(topk["norm_topk_prob"]),
+            "MOE_SCALING": f"{float(topk['routed_scaling_factor'])!r}f",
+            "MOE_SIGMOID": int(topk["scoring"] == "sigmoid"),
+            "MOE_BIAS": int(topk["bias"]), "MOE_GROUPS": topk["n_group"],
+            "MOE_TOPK_GROUP": topk["topk_group"], "MOE_SHARED_K": shared.pop()}
 
 
 def _gqa(attn: dict, seq: int) -> dict[str, object]:
@@ -138,13 +156,9 @@ def constants(program: Program) -> dict[str, object]:
     # kernel's code is what it was without it.
     fp8 = {"FP8_BLOCK_COLS": fmt.block[1]} if fmt.is_fp8 else {}
     # Likewise the router and the routed experts' loader paths are compiled only into MoE
-    # kernels.
-    topk = next((op.attrs for op in program.graph.ops() if op.opcode == "moe_topk"), None)
-    moe = {}
-    if topk is not None:
-        moe = {"MOE_EXPERTS": topk["num_experts"], "MOE_TOP_K": topk["top_k"],
-               "MOE_NORM_TOPK_PROB": int(topk["norm_topk_prob"]),
-               "MOE_SCALING": f"{float(topk['routed_scaling_factor'])!r}f"}
+    # kernels, and DeepSeek's routing and shared expert only where their constants say so.
+    topk = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
+    moe = {} if topk is None else _moe(program, {**topk.attrs, "bias": len(topk.inputs) > 1})
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],

@@ -31,6 +31,10 @@ enum Field : int {
   F_SLOT0, F_SLOTS,
   F_EXPERT_STRIDE,  // bytes / 16 between consecutive experts' packed weights of the op
 #endif
+#if MOE_SHARED_K  // a down task's rows end with the shared expert's down rows, which are static
+  F_SHARED_IN,                // act offset of the shared expert's activations
+  F_SHARED_LO, F_SHARED_HI,   // byte offset / 16 of the task's shared rows in the packed weights
+#endif
 #if MLA  // a head_matvec's rows come in heads of F_HEAD_ROWS, each reading its own F_K inputs
   F_IN_STRIDE,      // act floats between consecutive heads' inputs
   F_HEAD_ROWS,
@@ -248,32 +252,53 @@ __device__ __forceinline__ bool acquire(const Params& p, int counter, unsigned t
 
 // ---- the loader warp ------------------------------------------------------------------------
 #if MOE
+// A routed task's row is made of pieces: one per slot (the slot's expert's row), and in a down
+// task of a model with a shared expert (MOE_SHARED_K) a last one, the shared expert's row.
+constexpr int MOE_PIECES = MOE_TOP_K + (MOE_SHARED_K > 0);
+constexpr int MOE_SHARED_BYTES = MOE_SHARED_K * 2;  // bf16
+
 // A routed task's weights are known only once the router of this step has run: the loader
 // acquires the router's counter (as compute's waits do), reads the ids of the task's slots and
 // points `piece[j]` at slot j's expert (packed expert-major, `F_EXPERT_STRIDE` apart). Returns
 // false when the launch is ending or failing. Weights of every other task still stream ahead;
 // the cost is that this SM's loader stalls here until the router is done (docs/artifact.md).
 __device__ bool route_pieces(const Params& p, const Shared& s, const int* t, long long step, int task,
-                             const uint8_t* base, const uint8_t* (&piece)[MOE_TOP_K]) {
+                             const uint8_t* base, const uint8_t* (&piece)[MOE_PIECES]) {
   if (!acquire(p, t[F_ROUTE], static_cast<unsigned>(step + 1), task, &s.flags[0])) return false;
   const int* ids = reinterpret_cast<const int*>(p.act + t[F_IDS]) + t[F_SLOT0];
   const long long stride = static_cast<long long>(t[F_EXPERT_STRIDE]) * 16;
 #pragma unroll
   for (int j = 0; j < MOE_TOP_K; ++j)
     if (j < t[F_SLOTS]) piece[j] = base + __ldcg(ids + j) * stride;
+#if MOE_SHARED_K  // the shared rows lie in the SM's static region, like a dense task's
+  piece[MOE_TOP_K] = p.weights + ((static_cast<long long>(t[F_SHARED_HI]) << 32) |
+                                  static_cast<uint32_t>(t[F_SHARED_LO])) * 16;
+#endif
   return true;
 }
 
+// Whether a routed task's pages are gathered piece by piece (copy_pieces): a down task's rows
+// come from several experts (and the shared one); a gate/up task's are one expert's, contiguous.
+// A macro, not a function: as a function it changed the machine code of kernels without a
+// shared expert.
+#define GATHERS_PIECES(t) ((t)[F_SLOTS] > 1 || (MOE_SHARED_K && (t)[F_OPCODE] == OP_MOE_DOWN_ADD))
+
 // One page of a routed task with several pieces per row (the MoE down projection: a row is
-// the down rows of every slot's expert side by side): one bulk copy per row and slot.
-__device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_TOP_K], const int* t, int r, int n,
+// the down rows of every slot's expert side by side, then the shared expert's): one bulk copy
+// per row and piece.
+__device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIECES], const int* t, int r, int n,
                             uint64_t* bar) {
-  const int rb = t[F_ROW_BYTES], slots = t[F_SLOTS], bytes = rb / slots;
-  for (int rr = 0; rr < n; ++rr)
+  const int rb = t[F_ROW_BYTES], slots = t[F_SLOTS], bytes = (rb - MOE_SHARED_BYTES) / slots;
+  for (int rr = 0; rr < n; ++rr) {
 #pragma unroll
     for (int j = 0; j < MOE_TOP_K; ++j)
       if (j < slots)
         bulk_copy(page + rr * rb + j * bytes, piece[j] + static_cast<long long>(r + rr) * bytes, bytes, bar);
+#if MOE_SHARED_K
+    bulk_copy(page + rr * rb + slots * bytes, piece[MOE_TOP_K] + static_cast<long long>(r + rr) * MOE_SHARED_BYTES,
+              MOE_SHARED_BYTES, bar);
+#endif
+  }
 }
 #endif
 
@@ -358,7 +383,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
       const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
                                         static_cast<uint32_t>(t[F_W_LO])) * 16;
 #if MOE
-      const uint8_t* piece[MOE_TOP_K];
+      const uint8_t* piece[MOE_PIECES];
       const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
       if (routed) {
         if (!route_pieces(p, s, t, step, p.stream_tasks[i], src, piece)) goto drain;
@@ -372,7 +397,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
         uint64_t* full = &s.full[issued++ % RING_PAGES];
         mbar_expect_tx(full, bytes);
 #if MOE
-        if (routed && t[F_SLOTS] > 1)
+        if (routed && GATHERS_PIECES(t))
           copy_pieces(page, piece, t, r, min(rpp, rows - r), full);
         else
 #endif
@@ -770,6 +795,26 @@ __device__ void stage_heads(const Params& p, Shared& s, const int* t, int ct) {
 }
 #endif
 
+#if MOE
+// The down projection's input is every slot's activations times the slot's combine weight,
+// then (MOE_SHARED_K) the shared expert's activations, at F_SHARED_IN, times 1: the factor of
+// the 4 inputs from 4 i on.
+__device__ __forceinline__ float down_factor(const Params& p, const int* t, int i) {
+  const int routed = t[F_K] - MOE_SHARED_K;
+#if MOE_SHARED_K
+  if (4 * i >= routed) return 1.f;
+#endif
+  return __ldcg(p.act + t[F_AUX2] + 4 * i / (routed / t[F_SLOTS]));
+}
+#endif
+#if MOE_SHARED_K
+__device__ __forceinline__ const float4* down_input(const Params& p, const int* t, const float4* x, int i) {
+  const int routed4 = (t[F_K] - MOE_SHARED_K) / 4;
+  if (t[F_OPCODE] != OP_MOE_DOWN_ADD || i < routed4) return x + i;
+  return reinterpret_cast<const float4*>(p.act + t[F_SHARED_IN]) + (i - routed4);
+}
+#endif
+
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #if MLA
   if (t[F_OPCODE] == OP_HEAD_MATVEC) {
@@ -786,15 +831,19 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
   // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
+#if MOE_SHARED_K
+    float4 a = __ldcg(down_input(p, t, x, i));
+#else
     float4 a = __ldcg(x + i);
+#endif
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     if (norm) {
       const float4 g = __ldcg(gamma + i);
       a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
     }
-#if MOE  // the down projection's input is every slot's activation times the slot's weight
+#if MOE
     if (t[F_OPCODE] == OP_MOE_DOWN_ADD) {
-      const float c = __ldcg(p.act + t[F_AUX2] + 4 * i / (t[F_K] / t[F_SLOTS]));
+      const float c = down_factor(p, t, i);
       a.x *= c; a.y *= c; a.z *= c; a.w *= c;
     }
 #endif
@@ -1338,22 +1387,88 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
 }
 
 #if MOE
-// ---- compute: the MoE router (ir/moe.py: route, Qwen3-MoE) ---------------------------------
-// Softmax over the experts' logits in fp32, then the MOE_TOP_K best scores, best first (equal
-// scores: the lower expert first, as ir/moe.py: top defines it), their weights renormalized when
-// MOE_NORM_TOPK_PROB, times MOE_SCALING. One warp; lane l holds experts l, l + 32, ... A
-// selection round takes each lane's best untaken expert, then the warp's best. The order is
-// total (NaN above every score, as torch's sort puts it), so that the lanes agree on the winner
-// and even NaN logits give valid, distinct ids: the loader trusts them.
+// ---- compute: the MoE router (ir/moe.py: route) ---------------------------------------------
+// One warp; lane l holds experts l, l + 32, ... Scores in fp32: the softmax of the experts'
+// logits (Qwen3-MoE) or each logit's sigmoid (MOE_SIGMOID, DeepSeek-V3). Experts are selected
+// by their scores plus the correction bias (MOE_BIAS), within the MOE_TOPK_GROUP of MOE_GROUPS
+// groups whose two best such values sum highest (the others' values set to -inf, as route()
+// masks them); the MOE_TOP_K best, best first (equal values: the lower expert first, as
+// ir/moe.py: top defines it). A selection round takes each lane's best untaken expert, then the
+// warp's best. The weights are the chosen experts' scores, renormalized when
+// MOE_NORM_TOPK_PROB, times MOE_SCALING. The order is total (NaN above every value, as torch's
+// sort puts it), so that the lanes agree on the winner and even NaN logits give valid, distinct
+// ids: the loader trusts them.
 constexpr int EXPERTS_PER_LANE = (MOE_EXPERTS + 31) / 32;
+// Whether experts are selected by other values than their scores, which are then looked up.
+#define MOE_CHOICE (MOE_BIAS || MOE_TOPK_GROUP < MOE_GROUPS)
 __device__ __forceinline__ bool routed_before(float v, int e, float w, int f) {
   if ((v != v) != (w != w)) return v != v;
   return v > w || (!(v < w) && e < f);
 }
+
+#if MOE_TOPK_GROUP < MOE_GROUPS
+constexpr int GROUP_EXPERTS = MOE_EXPERTS / MOE_GROUPS;
+// (a, b): the two largest values seen, a first (NaN above every number; only values matter).
+__device__ __forceinline__ void keep_two(float v, float& a, float& b) {
+  if (routed_before(v, 0, a, 0)) {
+    b = a;
+    a = v;
+  } else if (routed_before(v, 0, b, 0)) {
+    b = v;
+  }
+}
+// Sets the selection values of experts outside the chosen groups to -inf: a group's score is
+// the sum of its two largest values; the MOE_TOPK_GROUP best groups are kept (equal sums: the
+// lower group first). Every lane computes every group's score and the same choice.
+__device__ __forceinline__ void limit_groups(float (&sc)[EXPERTS_PER_LANE], int ct) {
+  float score[MOE_GROUPS];
+#pragma unroll
+  for (int g = 0; g < MOE_GROUPS; ++g) {
+    float a = -INFINITY, b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+      if (ct + 32 * j < MOE_EXPERTS && (ct + 32 * j) / GROUP_EXPERTS == g) keep_two(sc[j], a, b);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float a2 = __shfl_xor_sync(0xffffffffu, a, o), b2 = __shfl_xor_sync(0xffffffffu, b, o);
+      keep_two(a2, a, b);
+      keep_two(b2, a, b);
+    }
+    score[g] = a + b;
+  }
+  unsigned kept = 0;
+  for (int k = 0; k < MOE_TOPK_GROUP; ++k) {
+    int best = MOE_GROUPS;  // none
+    float top = 0.f;
+#pragma unroll
+    for (int g = 0; g < MOE_GROUPS; ++g)
+      if (!(kept >> g & 1u) && (best == MOE_GROUPS || routed_before(score[g], g, top, best))) {
+        best = g;
+        top = score[g];
+      }
+    kept |= 1u << best;
+  }
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+    if (!(kept >> ((ct + 32 * j) / GROUP_EXPERTS) & 1u)) sc[j] = -INFINITY;
+}
+#endif
+
+#if MOE_CHOICE
+// The score of expert e, from the lane that holds it (every lane calls this with the same e).
+__device__ __forceinline__ float score_of(const float (&sc)[EXPERTS_PER_LANE], int e) {
+  float v = 0.f;
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+    if (j == e >> 5) v = sc[j];
+  return __shfl_sync(0xffffffffu, v, e & 31);
+}
+#endif
+
 __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
   if (ct >= 32) return;
   const float* logits = p.act + t[F_IN];
-  float sc[EXPERTS_PER_LANE];
+  float sc[EXPERTS_PER_LANE];  // the values experts are selected by (below: their scores)
   unsigned taken = 0;  // bit j: expert ct + 32 j is chosen, or does not exist
   float mx = -INFINITY;
 #pragma unroll
@@ -1363,6 +1478,11 @@ __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
     taken |= on ? 0u : 1u << j;
     mx = fmaxf(mx, sc[j]);
   }
+#if MOE_SIGMOID
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+    if (!(taken >> j & 1u)) sc[j] = 1.f / (1.f + expf(-sc[j]));
+#else
   mx = warp_max(mx);
   float sum = 0.f;
 #pragma unroll
@@ -1373,6 +1493,18 @@ __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
   sum = warp_sum(sum);
 #pragma unroll
   for (int j = 0; j < EXPERTS_PER_LANE; ++j) sc[j] = sc[j] / sum;
+#endif
+#if MOE_CHOICE  // scores + bias (F_AUX2), then groups; the scores kept for the weights
+  float score[EXPERTS_PER_LANE];
+#pragma unroll
+  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
+    score[j] = sc[j];
+    if (MOE_BIAS && !(taken >> j & 1u)) sc[j] += __ldcg(p.act + t[F_AUX2] + ct + 32 * j);
+  }
+#if MOE_TOPK_GROUP < MOE_GROUPS
+  limit_groups(sc, ct);
+#endif
+#endif
   float mine = 0.f;  // lane k: the score of the k-th choice
   int mine_id = 0;
   for (int k = 0; k < MOE_TOP_K; ++k) {
@@ -1394,6 +1526,9 @@ __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
       }
     }
     if ((id & 31) == ct) taken |= 1u << (id >> 5);
+#if MOE_CHOICE
+    best = score_of(score, id);
+#endif
     if (k == ct) {
       mine = best;
       mine_id = id;

@@ -1,9 +1,10 @@
 """The task table: every task of a scheduled program as one row of int32 fields.
 
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
-A MoE model's table has the `MOE_FIELDS` after the others, an MLA model's the `MLA_FIELDS`
-(decode.cuh declares them under `#if MOE` and `#if MLA`), so that a dense model's table and
-kernel are what they were without them.
+A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
+shared expert), an MLA model's the `MLA_FIELDS` (decode.cuh declares them under `#if MOE`,
+`#if MOE_SHARED_K` and `#if MLA`), so that a dense model's table and kernel are what they were
+without them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argma
 # A routed task's rows are `slots` pieces, piece j from the expert the router put in slot
 # slot0 + j; the kernel's loader reads that expert's id only after acquiring `route`.
 MOE_FIELDS = ("route", "ids", "slot0", "slots", "expert_stride")
+# A down task of a model with a shared expert: its rows end with the shared expert's down rows,
+# packed in the SM's static region at `shared_lo`/`shared_hi` (bytes / 16), its input with the
+# shared expert's activations at act offset `shared_in`.
+SHARED_FIELDS = ("shared_in", "shared_lo", "shared_hi")
 # A head_matvec's output rows come in heads of `head_rows`, each reading its own `k` inputs,
 # `in_stride` apart; the task with `append` set also runs MLA's latent prologue and appends the
 # step's row to the latent cache.
@@ -80,9 +85,13 @@ def _offset(program: Program, tensor: str) -> int:
 
 def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
-    there is a router, codegen's MOE, and the MLA ones when there is MLA attention)."""
-    opcodes = {op.opcode for op in program.graph.ops()}
+    there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
+    and the MLA ones when there is MLA attention)."""
+    ops = program.graph.ops()
+    opcodes = {op.opcode for op in ops}
+    shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
     return (FIELDS + (MOE_FIELDS if "moe_topk" in opcodes else ())
+            + (SHARED_FIELDS if shared else ())
             + (MLA_FIELDS if "mla_attention" in opcodes else ()))
 
 
@@ -103,6 +112,11 @@ def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str
            "expert_stride": stride}
     if weights:
         out["aux2"] = _offset(program, weights)
+    shared_act = down_inputs(op)[3] if t.opcode == "moe_down_add" else None
+    if shared_act:
+        offset = t.static_offset // 16
+        out.update(shared_in=_offset(program, shared_act), shared_lo=_low_bits(offset),
+                   shared_hi=offset >> 32)
     return out
 
 
@@ -208,6 +222,8 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     elif t.opcode == "moe_topk":
         row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
                    aux=_offset(program, op.outputs[1]))
+        if len(op.inputs) > 1:  # DeepSeek's correction bias
+            row["aux2"] = _offset(program, op.inputs[1])
     elif t.opcode == "embed":
         row["out"] = _offset(program, op.outputs[0])
     elif t.opcode == "argmax":

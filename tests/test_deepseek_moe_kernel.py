@@ -1,0 +1,217 @@
+"""DeepSeek-V3's MoE in the CUDA backend, on the CPU: the router's constants, the artifact
+(dense first layers, MoE layers with a shared expert, MLA attention in one kernel, no spills),
+the shared expert's rows packed where the task table points, the kernel's router run on the host
+against the interpreter's routing (`ir/moe.py: route`: sigmoid scores, correction bias,
+group-limited top-k), and a whole decode step of the kernel's own device code run on the host
+(tests/host_kernel.cpp: `step`) against the interpreter: logits, token, every MoE layer's expert
+ids and combine weights.
+
+The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (deepseek-v3-tiny).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_fp8_kernel import needs_nvcc
+from test_mla_kernel import SEQ, host_step, small
+from test_moe_kernel import TOOL, columns, router_constants
+from test_sampling import bits, build_host_kernel, run_host_kernel
+
+import tilertc
+from tilertc.backends.cuda import codegen
+from tilertc.backends.cuda.encode import FIELDS, MLA_FIELDS, MOE_FIELDS, OPCODES, SHARED_FIELDS
+from tilertc.driver import CompileOptions, compile
+from tilertc.engine import pack_weights
+from tilertc.ir.moe import route
+from tilertc.ir.weights import random_weights
+from tilertc.passes.pipeline import make_program
+
+
+def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
+    ds = codegen.constants(tilertc.schedule(tilertc.load_spec("deepseek-v3-tiny")))
+    assert {k: v for k, v in ds.items() if k.startswith("MOE")} == {
+        "MOE": 1, "MOE_EXPERTS": 8, "MOE_TOP_K": 2, "MOE_NORM_TOPK_PROB": 1,
+        "MOE_SCALING": "2.5f", "MOE_SIGMOID": 1, "MOE_BIAS": 1, "MOE_GROUPS": 4,
+        "MOE_TOPK_GROUP": 2, "MOE_SHARED_K": 32}
+    assert ds["MLA"] == 1
+    qwen = codegen.constants(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))
+    assert {k: qwen[k] for k in ("MOE_SIGMOID", "MOE_BIAS", "MOE_GROUPS", "MOE_TOPK_GROUP",
+                                 "MOE_SHARED_K")} == {
+        "MOE_SIGMOID": 0, "MOE_BIAS": 0, "MOE_GROUPS": 1, "MOE_TOPK_GROUP": 1, "MOE_SHARED_K": 0}
+
+
+def test_deepseek_artifacts_compile_without_spills(tmp_path: Path) -> None:
+    """deepseek-v3-tiny (one dense layer, two MoE layers, MLA) as built in, and full-size
+    DeepSeek-V3 with one dense and one MoE layer (256 experts in 8 groups, a 2048-wide shared
+    expert): one checked kernel each, no spills, the MoE, shared-expert and MLA fields."""
+    needs_nvcc()
+    full = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "first_k_dense_replace": 1,
+            "quantization_config": None}
+    for name, spec, moe_layers in (
+            ("tiny", tilertc.load_spec("deepseek-v3-tiny"), 2),
+            ("full", tilertc.load_spec("deepseek-v3.2", overrides=full), 1)):
+        out = compile(spec, tmp_path / name, CompileOptions(max_seq_len=512))
+        assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
+        col, m = columns(out)
+        assert m["task_fields"] == [*FIELDS, *MOE_FIELDS, *SHARED_FIELDS, *MLA_FIELDS]
+        assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, m["kernel"]["ptxas"]
+        assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, m["kernel"]["ptxas"]
+        assert (col["opcode"] == OPCODES["moe_topk"]).sum() == moe_layers
+        down = col["opcode"] == OPCODES["moe_down_add"]
+        assert (col["shared_in"][down] > 0).all() and (col["shared_in"][~down] == 0).all()
+
+
+def test_shared_expert_rows_are_packed_where_the_down_tasks_read_them() -> None:
+    """Every down task's static rows (shared_lo/shared_hi) are its rows of the shared expert's
+    down projection; the routed rows still lie at w_lo/w_hi in expert 0's part of the region."""
+    from tilertc.driver import manifest
+
+    spec = tilertc.load_spec("deepseek-v3-tiny")
+    program = tilertc.schedule(spec, max_seq_len=64)
+    m = manifest(program, CompileOptions(max_seq_len=64), codegen.constants(program), {}, "")
+    weights = random_weights(tilertc.build_graph(spec, 64), seed=6)
+    packed = pack_weights(m["weights"], weights, torch.device("cpu"))
+    from tilertc.backends.cuda.encode import encode
+
+    tasks = encode(program)[0]
+    col = {name: tasks[:, i] for i, name in enumerate(m["task_fields"])}
+    seen = 0
+    for i in np.flatnonzero(col["opcode"] == OPCODES["moe_down_add"]):
+        layer = int(program.tasks[i].op.split(".")[1])
+        r0, r1 = int(col["row0"][i]), int(col["row1"][i])
+        at = ((int(col["shared_hi"][i]) << 32) | (int(col["shared_lo"][i]) & 0xFFFFFFFF)) * 16
+        want = weights[f"model.layers.{layer}.mlp.shared_experts.down_proj.weight"][r0:r1]
+        got = packed[at: at + want.numel() * 2].view(torch.bfloat16)
+        assert torch.equal(got, want.reshape(-1)), f"task {i}"
+        base = ((int(col["w_hi"][i]) << 32) | (int(col["w_lo"][i]) & 0xFFFFFFFF)) * 16
+        expert0 = weights[f"model.layers.{layer}.mlp.experts.0.down_proj.weight"][r0:r1]
+        assert torch.equal(packed[base: base + expert0.numel() * 2].view(torch.bfloat16),
+                           expert0.reshape(-1))
+        seen += 1
+    assert seen == 2 * 64  # MoE layers x down tasks (one row each on the H200)
+
+
+# -- the router, run on the host ---------------------------------------------------------------
+
+# (experts, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor): deepseek-v3-tiny,
+# DeepSeek-V3, GLM-5 (one group), and groups of 12 whose last lane holds no expert, unnormalized
+ROUTERS = [(8, 2, 4, 2, True, 2.5), (256, 8, 8, 4, True, 2.5), (256, 8, 1, 1, True, 2.5),
+           (96, 6, 8, 3, False, 1.0)]
+
+
+def router_cases(experts: int, k: int, groups: int, gen: torch.Generator
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, bias) pairs: random; exact ties of the selection values at the k-th place
+    (equal logits and biases); near-ties there (equal logits, biases 2^-20 apart, ~16 float32
+    steps of the selection values); two groups alike, so that their group scores tie exactly
+    where groups are chosen; all equal; one NaN logit."""
+    def rand() -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(experts, generator=gen) * 2, torch.rand(experts, generator=gen) * 0.1
+
+    cases = [rand() for _ in range(30)]
+    for near in (0.0, 2.0 ** -20):
+        for _ in range(10):
+            x, b = rand()
+            order = (x.sigmoid() + b).argsort(descending=True)
+            tied = order[k - 1:k + 2]
+            x[tied] = float(x[order[k - 1]])
+            b[tied] = float(b[order[k - 1]]) + near * torch.arange(3.0)[torch.randperm(3)]
+            cases.append((x, b))
+    if groups > 1:
+        per = experts // groups
+        for _ in range(10):
+            x, b = rand()
+            g0, g1 = torch.randperm(groups, generator=gen)[:2].tolist()
+            x[g1 * per:(g1 + 1) * per] = x[g0 * per:(g0 + 1) * per]
+            b[g1 * per:(g1 + 1) * per] = b[g0 * per:(g0 + 1) * per]
+            cases.append((x, b))
+    cases.append((torch.zeros(experts), torch.zeros(experts)))
+    x, b = rand()
+    x[3] = float("nan")
+    cases.append((x, b))
+    return cases
+
+
+@pytest.mark.parametrize("experts, k, groups, topk_group, norm, scaling", ROUTERS)
+def test_kernel_deepseek_router_is_the_interpreters(tmp_path: Path, experts: int, k: int,
+                                                    groups: int, topk_group: int, norm: bool,
+                                                    scaling: float) -> None:
+    """Expert ids exactly (best first; equal values: the lower expert first; groups with equal
+    scores: the lower group first) and combine weights to float32 rounding."""
+    exe = build_host_kernel(tmp_path, 256, 4, 2, router_constants(
+        experts, k, norm, scaling, deepseek=True, groups=groups, topk_group=topk_group))
+    cases = router_cases(experts, k, groups, torch.Generator().manual_seed(experts + groups))
+    attrs = {"scoring": "sigmoid", "n_group": groups, "topk_group": topk_group, "top_k": k,
+             "norm_topk_prob": norm, "routed_scaling_factor": scaling}
+    lines = run_host_kernel(exe, [f"route {bits(x.numpy())} {bits(b.numpy())}"
+                                  for x, b in cases])
+    for (x, b), line in zip(cases, lines, strict=True):
+        out = [int(v) for v in line.split()]
+        got_w = np.array(out[k:], dtype=np.uint32).view(np.float32)
+        ids, w = route(x[None].float(), b.float(), attrs)
+        assert out[:k] == ids[0].tolist(), f"logits {x.tolist()}, bias {b.tolist()}"
+        assert np.allclose(got_w, w[0].numpy(), rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+def test_group_limits_change_the_choice() -> None:
+    """The group cases above are not vacuous: on them, route() without the group limit picks
+    other experts at least sometimes (deepseek-v3-tiny's router)."""
+    gen = torch.Generator().manual_seed(12)
+    attrs = {"scoring": "sigmoid", "n_group": 4, "topk_group": 2, "top_k": 2,
+             "norm_topk_prob": True, "routed_scaling_factor": 2.5}
+    changed = sum(
+        route(x[None], b, attrs)[0].tolist() != route(x[None], b, {**attrs, "n_group": 1,
+                                                                  "topk_group": 1})[0].tolist()
+        for x, b in router_cases(8, 2, 4, gen))
+    assert changed >= 5
+
+
+# -- a decode step of the device code, run on the host ---------------------------------------
+
+# (spec overrides, target, prompt length): deepseek-v3-tiny as built in on the H200 (one row
+# per task); on 5 SMs (routed tasks of several rows, several rows of gathered pieces per page);
+# one expert per token from one group and two shared experts (a shared piece twice as wide as
+# a routed one; a down task of one routed slot still gathers) on 7 SMs.
+STEPS = [({}, "h200", 20), ({}, small("h200-5", 5), 120),
+         ({"num_experts_per_tok": 1, "n_group": 1, "topk_group": 1, "n_shared_experts": 2},
+          small("h200-7", 7), 60)]
+
+
+@pytest.mark.parametrize("overrides, target, prefill", STEPS)
+def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
+        tmp_path: Path, overrides: dict[str, Any], target: Any, prefill: int) -> None:
+    """One decode step of decode.cuh's own code, dense first layer, MoE layers (router,
+    routed experts fetched by the loader's route_pieces / copy_pieces, shared expert) and MLA
+    attention, from the task table, packed weights and arenas, against the interpreter (bf16
+    cache as the kernel's): every MoE layer's expert ids exactly and combine weights, every
+    layer's residual stream, the logits and the token."""
+    spec = tilertc.load_spec("deepseek-v3-tiny", overrides=overrides)
+    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
+    gen = torch.Generator().manual_seed(prefill)
+    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
+    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    got_tok, bufs, env, _ = host_step(tmp_path, program, weights, prompt, token)
+    moe_layers = [op.layer for op in program.graph.ops() if op.opcode == "moe_topk"]
+    assert moe_layers == [1, 2]
+    for layer in moe_layers:
+        ids = f"layers.{layer}.moe.expert_ids"
+        assert bufs[ids].view(torch.int32).tolist() == env[ids][0].tolist(), ids
+        w = f"layers.{layer}.moe.expert_weights"
+        assert torch.allclose(bufs[w], env[w][0], rtol=1e-5, atol=1e-7), w
+    for layer in range(spec.num_layers):
+        for name in ("x.attn", "x.ffn"):
+            key = f"layers.{layer}.{name}"
+            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
+                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
+    logits = env["logits"][0]
+    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+    assert got_tok == int(bufs["logits"].argmax())
