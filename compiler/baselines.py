@@ -24,7 +24,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from tilertc.inspect import charge_reads
 from tilertc.ir.build import build_graph
+from tilertc.ir.graph import TensorKind
 from tilertc.kernel_per_op import KernelPerOpModel
 from tilertc.model_specs.spec import ModelSpec
 
@@ -149,28 +151,43 @@ class CUDAGraphStepper:
 
 
 class HFStepModel:
-    """A Hugging Face transformers model of the spec's architecture with a static KV cache."""
+    """A Hugging Face transformers model of the spec's architecture with a static KV cache.
+
+    The weights go through transformers' own checkpoint conversion (`from_pretrained` with a
+    state dict), which turns the checkpoint's per-expert MoE tensors into the fused expert
+    tensors of its modules. `experts_implementation` picks transformers' MoE expert kernels
+    (None: its default; "batched_mm" is what its own generate() uses under CUDA graphs).
+    """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
-                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> None:
+                 device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
+                 experts_implementation: str | None = None) -> None:
         if spec.weight_format.is_fp8:
             raise BaselineUnavailable("the Hugging Face baselines run bf16 weights; this model's "
                                       "are FP8 (compare against the bf16 model instead)")
         try:
-            from transformers import AutoConfig, AutoModelForCausalLM, StaticCache
+            from transformers import AutoConfig, StaticCache
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
         except ImportError as e:
             raise BaselineUnavailable("the Hugging Face baselines need transformers "
                                       "(pip install 'tilertc[hf]')") from e
         cfg = dict(spec.hf_config)
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
         self.device, self.max_seq_len = torch.device(device), max_seq_len
-        with self.device:
-            self.model = AutoModelForCausalLM.from_config(config, dtype=dtype,
-                                                          attn_implementation="sdpa")
         if spec.tie_word_embeddings:
             weights = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
-        self.model.load_state_dict(weights, strict=True)
-        self.model.eval()
+        extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
+        try:
+            self.model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
+                None, config=config, state_dict=weights, dtype=dtype, attn_implementation="sdpa",
+                output_loading_info=True, **extra)
+        except RuntimeError as e:  # its conversion of a tensor failed (it reports which)
+            raise ValueError(f"transformers did not load the weights as given: {e}") from e
+        unloaded = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+        if unloaded or info.get("error_msgs"):
+            raise ValueError(f"transformers did not load the weights as given: {unloaded} "
+                             f"{info.get('error_msgs', '')}")
+        self.model.to(self.device).eval()
         self.config, self.static_cache_type = config, StaticCache
         self.cache = self.new_cache()
         # The static cache allocates its tensors (and moves its row counter to the device) on
@@ -212,9 +229,14 @@ def require_cuda(device: str | torch.device) -> None:
 
 
 def weight_bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Weight bytes one decode step reads, counted as the IR counts them (each weight once)."""
+    """Weight bytes one decode step reads with the weights in `dtype`: the share of the weights
+    `tilertc inspect` counts as read (each weight once; of a MoE layer's routed experts, the
+    ones a token reads) of all of them, in `dtype`."""
     graph = build_graph(spec, max_seq_len=1)
-    return sum(t.numel for t in graph.weights()) * dtype.itemsize
+    weights = graph.weights()
+    read = sum(c[TensorKind.WEIGHT] for c in charge_reads(graph, 1).values())
+    share = read / sum(t.nbytes for t in weights)
+    return round(share * sum(t.numel for t in weights) * dtype.itemsize)
 
 
 def run_decode_baseline(name: str, model: StepModel, prompt: Sequence[int], n_tokens: int,
@@ -243,7 +265,8 @@ def hf_cuda_graph(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Seq
                   dtype: torch.dtype = torch.bfloat16, warmup: int = 3) -> BaselineResult:
     """Hugging Face transformers' decode step captured in one CUDA graph (needs CUDA)."""
     require_cuda(device)
-    model = HFStepModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device, dtype)
+    model = HFStepModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device, dtype,
+                        experts_implementation="batched_mm" if spec.moe else None)
     return run_decode_baseline("hf-cuda-graph", model, prompt, n_tokens, warmup, True,
                                weight_bytes_per_token(spec, dtype))
 

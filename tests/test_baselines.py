@@ -61,6 +61,34 @@ def test_step_models_match_reference(name: str, step_model: type) -> None:
         torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("name", ["qwen3-moe-tiny", "deepseek-v3-tiny"])
+@pytest.mark.parametrize("experts", [None, "batched_mm"])
+def test_hf_step_model_runs_moe_checkpoints(name: str, experts: str | None) -> None:
+    """MoE checkpoints (one tensor per expert) reach transformers' fused expert modules through
+    its own conversion; with its default expert kernels and with the batched ones the CUDA-graph
+    baseline uses, the step decodes what the interpreter decodes."""
+    spec, weights = model_and_weights(name)
+    want_tokens, want_logits = reference_decode(spec, weights)
+    model = HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32,
+                        experts_implementation=experts)
+    with torch.no_grad():
+        got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
+    assert got.tokens == want_tokens
+    for got_step, want_step in zip(got.logits, want_logits, strict=True):
+        torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(("name", "missing"), [
+    ("qwen3-moe-tiny", "model.layers.1.mlp.experts.3.up_proj.weight"),  # fails its conversion
+    ("llama-tiny", "model.layers.0.post_attention_layernorm.weight"),  # left uninitialized
+])
+def test_hf_step_model_refuses_weights_it_cannot_place(name: str, missing: str) -> None:
+    spec, weights = model_and_weights(name)
+    del weights[missing]
+    with pytest.raises(ValueError, match="did not load the weights"):
+        HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)
+
+
 def test_kernel_per_op_attention_length_beyond_position_is_masked() -> None:
     """A graph captured for a bucket of context lengths reads more cache rows than are written;
     the rows past the position must not change the result."""
@@ -105,6 +133,20 @@ def test_decode_baselines_report_reference_tokens(baseline) -> None:
     assert result.bytes_per_token == weight_bytes_per_token(spec, torch.float32)
 
 
+def test_weight_bytes_per_token_counts_the_experts_a_token_reads() -> None:
+    """A MoE step reads top_k of each MoE layer's routed experts: the baselines' read rate
+    counts those, as `tilertc inspect` does, not every expert."""
+    from tilertc.inspect import inspect_model
+    from tilertc.ir.target import get_target
+
+    for name in ("qwen3-tiny", "qwen3-moe-tiny"):
+        spec = load_spec(name)
+        totals = inspect_model(spec, get_target("h200"), max_seq_len=1).totals
+        assert weight_bytes_per_token(spec) == totals["weight_bytes_per_token"]
+        assert weight_bytes_per_token(spec, torch.float32) == 2 * weight_bytes_per_token(spec)
+    assert totals["weight_bytes_per_token"] < totals["weight_bytes_stored"]
+
+
 def test_result_statistics() -> None:
     r = BaselineResult.from_seconds("x", [0.002] * 9 + [0.012], bytes_per_token=1000)
     assert r.ms_per_token_median == pytest.approx(2.0)
@@ -128,8 +170,11 @@ def test_graph_baseline_needs_cuda() -> None:
 
 
 @pytest.mark.gpu
-def test_hf_cuda_graph_matches_hf_eager_on_gpu() -> None:
-    spec, weights = model_and_weights("llama-tiny")
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny"])
+def test_hf_cuda_graph_matches_hf_eager_on_gpu(name: str) -> None:
+    """(MoE models: eager with transformers' default expert kernels, the graph with its batched
+    ones.)"""
+    spec, weights = model_and_weights(name)
     eager = hf_eager(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     graphed = hf_cuda_graph(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     assert graphed.tokens == eager.tokens
