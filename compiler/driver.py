@@ -105,15 +105,22 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
 
 def _kv_cache(program: Program) -> dict[str, Any]:
     """The caches' layout and each layer's buffers: GQA keys and values per KV head, or MLA's
-    latent cache, one row per position shared by all heads."""
+    latent cache, one row per position shared by all heads (and, with DSA, the indexer's key
+    cache, one row of its head_dim per position)."""
     ops = program.graph.ops()
     mla = [op for op in ops if op.opcode == "mla_attention"]
     if mla:
         a = mla[0].attrs
+        index_keys = {op.layer: op.outputs[1] for op in ops if op.opcode == "dsa_score"}
         return {"layout": "[position][kv_lora_rank + qk_rope_head_dim] per layer, bf16: the "
-                          "normed latent, then the rotated k_pe",
+                          "normed latent, then the rotated k_pe"
+                          + ("; index keys [position][index head_dim], bf16: normed, rotated"
+                             if index_keys else ""),
                 "width": a["kv_lora_rank"] + a["qk_rope_head_dim"],
-                "layers": {str(op.layer): {"latent": op.inputs[2]} for op in mla}}
+                "layers": {str(op.layer): {"latent": op.inputs[2],
+                                           **({"index_keys": index_keys[op.layer]}
+                                              if op.layer in index_keys else {})}
+                           for op in mla}}
     attn = [op for op in ops if op.opcode == "attention"]
     return {"layout": "[kv_head][position][head_dim] per layer, bf16",
             "n_kv_heads": attn[0].attrs["n_kv_heads"], "head_dim": attn[0].attrs["head_dim"],

@@ -108,14 +108,14 @@ def copy_cache(m: dict[str, Any], state: dict[str, torch.Tensor], pos: torch.Ten
                kv: torch.Tensor) -> None:
     """The interpreter's caches (`state`) at positions `pos` into the kernel's KV arena `kv`:
     GQA keys and values from [position][kv_head][dim] to [kv_head][position][dim]; MLA's
-    latent rows as they are ([position][latent | k_pe])."""
+    latent rows ([position][latent | k_pe]) and the DSA indexer's key rows as they are."""
     cfg = m["kv_cache"]
     for names in cfg["layers"].values():
         for name in names.values():
             b = m["buffers"][name]
             dst, src = kv[b["offset"] : b["offset"] + b["numel"]], state[name][pos]
             if "latent" in names:
-                dst.view(-1, cfg["width"])[pos.to(kv.device)] = src.to(torch.bfloat16)
+                dst.view(state[name].shape)[pos.to(kv.device)] = src.to(torch.bfloat16)
             else:  # src [n, kvh, hd]
                 dst = dst.view(cfg["n_kv_heads"], -1, cfg["head_dim"])
                 dst[:, pos.to(kv.device)] = src.transpose(0, 1).to(torch.bfloat16)
@@ -232,6 +232,13 @@ class Engine:
         return {op.layer: (self._act(op.outputs[0]).view(torch.int32).tolist(),
                            self._act(op.outputs[1]).tolist())
                 for op in self.graph.ops() if op.opcode == "moe_router"}
+
+    def selection(self) -> dict[int, list[int]]:
+        """The kernel's DSA indexer at the last step, per layer that runs one: the selected
+        token ids in increasing order, -1 past them (the `dsa_topk` output of the
+        interpreter)."""
+        return {op.layer: self._act(op.outputs[0]).view(torch.int32).tolist()
+                for op in self.graph.ops() if op.opcode == "dsa_topk"}
 
     def _load_cubin(self) -> None:
         drv = _driver()

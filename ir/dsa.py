@@ -85,12 +85,19 @@ def _dsa_index_score(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.
 
 @semantics("dsa_topk")
 def _dsa_topk(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
-    """Ids [T, topk] of the best-scored visible tokens, best first, -1 where fewer exist.
+    """Ids [T, topk] of the best-scored visible tokens, in increasing token order, then -1
+    where fewer exist.
 
-    Equal scores (all heads' ReLUs zero gives exact 0) go to the earlier token, so that the
-    selection is a function of the scores alone; transformers leaves that order to torch.topk.
+    Which tokens: the `topk` largest scores, equal scores (all heads' ReLUs zero gives exact 0)
+    going to the earlier token, so that the selection is a function of the scores alone
+    (transformers leaves ties to torch.topk). Why increasing order and not best first: the
+    attention over the selection does not depend on its order, and the kernel finds the
+    selection by counting, without sorting it (decode.cuh: run_dsa_topk, the sampler's
+    select_top), and lists it as it walks the tokens.
     """
     scores, k = ins[0], op.attrs["topk"]
     best = scores.sort(dim=-1, descending=True, stable=True)
-    ids = best.indices[:, :k].masked_fill(best.values[:, :k] == float("-inf"), -1)
+    ids = best.indices[:, :k].masked_fill(best.values[:, :k] == float("-inf"), scores.shape[-1])
+    ids = ids.sort(dim=-1).values  # the -1 stand-ins (one past every token) sort last
+    ids = ids.masked_fill(ids == scores.shape[-1], -1)
     return [torch.nn.functional.pad(ids, (0, k - ids.shape[-1]), value=-1)]

@@ -77,6 +77,8 @@ def _fuse_dsa(f: Fusion, ops: list[Op]) -> None:
     f.emit(score.name, "dsa_score", [*bases, *k_norm.inputs[1:], k_append.outputs[0]],
            [score.outputs[0], k_append.outputs[0]], score.layer,
            [q_rope, k_norm, k_rope, k_append, score], io=io, n_heads=a["n_heads"],
-           head_dim=a["head_dim"], eps=k_norm.attrs["eps"], rope=q_rope.attrs["rope"])
+           head_dim=a["head_dim"], eps=k_norm.attrs["eps"], rope=q_rope.attrs["rope"],
+           rotary_dim=q_rope.attrs["rotary_dim"], softmax_scale=a["softmax_scale"],
+           head_weight_scale=a["head_weight_scale"])
     f.emit(topk.name, "dsa_topk", list(topk.inputs), list(topk.outputs), topk.layer, [topk],
            topk=topk.attrs["topk"])

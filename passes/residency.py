@@ -56,8 +56,9 @@ def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
 
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk the indexer's queries,
-    head weights and the new key."""
+    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk (decode.cuh:
+    run_dsa_score) the indexer's queries, head weights, the new key and the position's RoPE
+    cos | sin."""
     g = program.graph
     need = [0]
     for t in program.tasks:
@@ -71,7 +72,7 @@ def _staged_floats(program: Program) -> int:
             need.append(mla_staged_floats(a["tile"]["heads_per_task"], a["kv_lora_rank"],
                                           a["qk_rope_head_dim"], a["tile"]["chunks"]))
         elif op.opcode == "dsa_score":
-            need.append(a["n_heads"] * (a["head_dim"] + 1) + a["head_dim"])
+            need.append(a["n_heads"] * (a["head_dim"] + 1) + a["head_dim"] + a["rotary_dim"])
     return max(need)
 
 

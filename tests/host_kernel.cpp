@@ -17,6 +17,9 @@
 //                                    -> (built with MOE=1) the MoE router's MOE_TOP_K expert ids,
 //                                       then the bits of their combine weights; the correction
 //                                       bias follows the logits when built with MOE_BIAS=1
+//   dsa_topk N (SCORE_BITS)*N        -> (built with DSA=1) the DSA indexer's selection of the
+//                                       DSA_TOPK best of N scores (run_dsa_topk at position
+//                                       N - 1): DSA_TOPK token ids, -1 where unused
 //   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
 //                                       tests/test_mla_kernel.py) one decode step: the tasks of
 //                                       DIR/tasks.bin in order, each as the compute warps run it,
@@ -153,6 +156,10 @@ template <class T> static T lane_value(T v, int src) {  // every lane of the war
 }
 template <class T> static T __shfl_xor_sync(unsigned, T v, int o) { return lane_value(v, (tl_ct & 31) ^ o); }
 template <class T> static T __shfl_sync(unsigned, T v, int src) { return lane_value(v, src); }
+template <class T> static T __shfl_up_sync(unsigned, T v, int o) {
+  const int lane = tl_ct & 31;
+  return lane_value(v, lane >= o ? lane - o : lane);
+}
 static unsigned __reduce_add_sync(unsigned, unsigned v) {
   Warp& w = warps[tl_ct >> 5];
   std::memcpy(w.buf[tl_ct & 31], &v, sizeof v);
@@ -326,6 +333,31 @@ static void route_command() {
 }
 #endif
 
+#if DSA
+static void dsa_topk_command() {
+  int n;
+  std::scanf("%d", &n);
+  std::vector<float> act(n + DSA_TOPK, NAN);  // scores | ids
+  for (int i = 0; i < n; ++i) {
+    unsigned b;
+    std::scanf("%u", &b);
+    act[i] = __uint_as_float(b);
+  }
+  Params p{};
+  p.act = act.data();
+  std::vector<float> red(MISC_FLOATS, NAN);
+  Shared s{};
+  s.red = red.data();
+  int t[TASK_FIELDS] = {};
+  t[F_OPCODE] = OP_DSA_TOPK;
+  t[F_IN] = 0;
+  t[F_OUT] = n;
+  run_block([&](int ct) { run_dsa_topk(p, s, t, n - 1, ct); });
+  for (int k = 0; k < DSA_TOPK; ++k) std::printf("%d ", __float_as_int(act[n + k]));
+  std::printf("\n");
+}
+#endif
+
 #if MLA
 static std::vector<char> read_file(const std::string& path) {
   std::vector<char> out;
@@ -437,6 +469,10 @@ static void step_command() {
           if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
           break;
         case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
+#if DSA
+        case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, ct); break;
+        case OP_DSA_TOPK: run_dsa_topk(p, s, t, pos, ct); break;
+#endif
         case OP_ARGMAX: run_argmax(p, s, t, 0, pos, ct); break;
       }
       if (ct == 0) consumed = mine;
@@ -477,6 +513,10 @@ int main() {
 #if MOE
     } else if (!std::strcmp(op, "route")) {
       route_command();
+#endif
+#if DSA
+    } else if (!std::strcmp(op, "dsa_topk")) {
+      dsa_topk_command();
 #endif
 #if MLA
     } else if (!std::strcmp(op, "step")) {

@@ -97,12 +97,14 @@ def test_compile_unknown_model(tmp_path: Path) -> None:
     assert result.exit_code == 1 and "did you mean llama-tiny" in result.output
 
 
-@pytest.mark.parametrize("name, lacks", [
-    ("glm-5-tiny", "(DSA indexer) is not yet in the CUDA backend"),
-    ("deepseek-v3.2-tiny", "(DSA indexer) is not yet in the CUDA backend")])
-def test_compile_a_model_the_backend_cannot_schedule(tmp_path: Path, name: str,
+@pytest.mark.parametrize("name, args, lacks", [
+    ("glm-5-tiny", ["--set", "index_head_dim=18"],
+     "not yet in the CUDA backend: index key rows of 18 values"),
+    ("deepseek-v3.2-tiny", ["--set", "index_head_dim=10"],
+     "not yet in the CUDA backend: index key rows of 10 values")])
+def test_compile_a_model_the_backend_cannot_schedule(tmp_path: Path, name: str, args: list[str],
                                                      lacks: str) -> None:
-    result = cli("compile", name, "-o", str(tmp_path))
+    result = cli("compile", name, "-o", str(tmp_path), *args)
     assert result.exit_code == 1 and "Error:" in result.output
     # it schedules; codegen refuses it, naming what it lacks
     assert lacks in result.stderr

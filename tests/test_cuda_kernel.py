@@ -23,6 +23,14 @@ teacher-forced check, the token loop and the routing check.
 MLA (deepseek-v3-tiny with a dense FFN in every layer runs every test above): the latent cache
 rows the kernel appends must be the interpreter's; full-size DeepSeek-V3 attention (two dense
 layers, a smaller vocabulary) passes the teacher-forced check and the token loop.
+
+DSA (deepseek-v3.2-tiny with index_topk 16 and glm-5-tiny, whose last layer reuses the layer
+before's selection, run every test above, at contexts above index_topk): the indexer's selected
+token ids at every layer and teacher-forced step are the interpreter's (but for near-ties of
+its scores at the cut), and so are its appended key rows; the teacher-forced check also runs
+from a context below index_topk (every token selected) to one above it; full-size
+DeepSeek-V3.2 attention (64 index heads, top-2048 of a 3000-token context) passes the
+teacher-forced check, the token loop and the selection check.
 """
 
 from __future__ import annotations
@@ -51,11 +59,18 @@ VARIANTS = {
         **FULL_SIZE, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
     "deepseek-v3-moe": ("deepseek-v3.2", {
         **FULL_SIZE, "num_hidden_layers": 2, "first_k_dense_replace": 1}),
+    # DSA: a top-k small enough that the tests' contexts exceed it; GLM-5's cross-layer sharing
+    "deepseek-v3.2-tiny-topk16": ("deepseek-v3.2-tiny", {"index_topk": 16}),
+    "glm-5-tiny-shared": ("glm-5-tiny", {"index_topk_pattern": "FFS"}),
+    "deepseek-v3.2-attention": ("deepseek-v3.2", {
+        "quantization_config": None, "vocab_size": 32000, "num_hidden_layers": 2,
+        "first_k_dense_replace": 2}),
 }
 MLA_MODELS = ["deepseek-v3-tiny-dense", "deepseek-v3-tiny"]
 MOE_MODELS = ["qwen3-moe-tiny", "deepseek-v3-tiny"]
+DSA_MODELS = ["deepseek-v3.2-tiny-topk16", "glm-5-tiny-shared"]
 MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b",
-          "qwen3-moe-tiny", *MLA_MODELS]
+          "qwen3-moe-tiny", *MLA_MODELS, *DSA_MODELS]
 PREFILL, STEPS = 100, 64
 
 
@@ -84,8 +99,10 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
                  prefill: int = PREFILL, steps: int = STEPS
                  ) -> Iterator[tuple[int, int, torch.Tensor, dict[str, torch.Tensor]]]:
     """Teacher-forced steps: after a random prompt prefilled in both, feed the kernel and the
-    interpreter (float32, the engine's weights; its KV cache in `cache_dtype`) the same random
-    tokens; yields (step, the kernel's token, its logits, the interpreter's tensors)."""
+    interpreter (float32, the engine's weights; its KV cache in `cache_dtype`, and then
+    prefilled as the engine prefills, in float32, and rounded as the engine copies it, so that
+    both start from the same cache) the same random tokens; yields (step, the kernel's token,
+    its logits, the interpreter's tensors)."""
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.spec.vocab_size
     prompt = torch.randint(0, vocab, (prefill,), generator=gen)
@@ -93,7 +110,13 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
     engine.position = 0
     engine.prefill(prompt)
     ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=cache_dtype)
-    ref.run(prompt, torch.arange(prefill))
+    if cache_dtype is None:
+        ref.run(prompt, torch.arange(prefill))
+    else:
+        full = Interpreter(engine.graph, engine.weights, engine.device)
+        full.run(prompt, torch.arange(prefill))
+        for name, cache in ref.state.items():
+            cache.copy_(full.state[name])
     for i, tok in enumerate(feed.tolist()):
         got_tok, got = engine.step(tok)
         yield i, got_tok, got, ref.run(torch.tensor([tok]), torch.tensor([prefill + i]))
@@ -101,9 +124,12 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
 
 def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
     """The kernel's logits step by step against the interpreter's with the engine's weights
-    (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32)."""
+    (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32). With a
+    DSA indexer the interpreter keeps its caches in bf16 as the kernel does: the selection is
+    discontinuous in the scores, and a float32 cache moves them enough to swap tokens."""
     errs, agree, checked = [], 0, 0
-    for i, got_tok, got, env in forced_steps(engine, 7, prefill=prefill, steps=steps):
+    cache = torch.bfloat16 if engine.spec.indexer else None
+    for i, got_tok, got, env in forced_steps(engine, 7, cache, prefill, steps):
         want = env["logits"][0]
         errs.append(rel_err(got, want))
         top2 = want.topk(2).values
@@ -205,9 +231,8 @@ def test_moe_routing_decisions_match_interpreter(name: str, tmp_path) -> None:
 def test_mla_latent_cache_rows_match_interpreter(name: str, tmp_path) -> None:
     """Teacher-forced steps: the latent cache rows the kernel appended (normed latent, rotated
     k_pe; bf16) are the interpreter's, computed with a bf16 cache as the kernel keeps it, to
-    within a bf16 rounding step (as are the prefilled rows the engine copied in: its prefill
-    keeps an fp32 cache, so rows past layer 0 may round differently); no row past the last
-    step is written."""
+    within a bf16 rounding step (and the prefilled rows the engine copied in); no row past the
+    last step is written."""
     out = compile(load(name), tmp_path, CompileOptions(max_seq_len=512))
     engine = Engine.load(out, random_seed=1234)
     steps = list(forced_steps(engine, 23, torch.bfloat16))
@@ -243,6 +268,70 @@ def test_full_size_deepseek_moe_matches_interpreter(tmp_path) -> None:
     check_teacher_forced(engine, steps=16)
     test_token_loop_equals_single_steps(engine)
     check_routing(engine, steps=16)
+
+
+SELECTION_TIE = 1e-4  # indexer scores this close (relative to the largest) may swap places
+
+
+def check_selection(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
+    """Teacher-forced steps: after each, every indexer's selected token ids are the
+    interpreter's (bf16 caches as the kernel's, so that both score the same keys up to
+    summation order), except that a token chosen by one and not the other must score within
+    rounding of the interpreter's cut; at the end, the index key rows the kernel appended are
+    the interpreter's to a bf16 step, and none past the last step is written."""
+    compared = checked = 0
+    for i, _, _, env in forced_steps(engine, 29, torch.bfloat16, prefill, steps):
+        n = prefill + i + 1
+        for layer, got in engine.selection().items():
+            want = env[f"layers.{layer}.dsa.topk"][0].tolist()
+            checked += 1
+            if got == want:
+                compared += 1
+                continue
+            scores = env[f"layers.{layer}.dsa.scores"][0][:n].double()
+            cut = float(scores[[t for t in want if t >= 0]].min())
+            apart = sorted(set(got) ^ set(want))
+            assert -1 not in apart, f"step {i}, layer {layer}: selections of different sizes"
+            gap = float((scores[apart] - cut).abs().max())
+            assert gap <= SELECTION_TIE * float(scores.abs().max()), (
+                f"step {i}, layer {layer}: kernel and interpreter select {apart} apart")
+    assert compared >= 0.9 * checked, "too many selections within a tie"
+    rows = prefill + steps
+    for names in engine.m["kv_cache"]["layers"].values():
+        if "index_keys" not in names:
+            continue
+        b = engine.m["buffers"][names["index_keys"]]
+        want = env[names["index_keys"]].float()
+        got = engine.kv[b["offset"]: b["offset"] + b["numel"]].view(want.shape).float()
+        scale = float(want[:rows].abs().max())
+        assert torch.allclose(got[:rows], want[:rows], rtol=1e-2, atol=1e-3 * scale), names
+        assert not got[rows:].any(), "rows past the last step were written"
+
+
+@pytest.mark.parametrize("name", DSA_MODELS)
+def test_dsa_selection_matches_interpreter(name: str, tmp_path) -> None:
+    out = compile(load(name), tmp_path, CompileOptions(max_seq_len=512))
+    check_selection(Engine.load(out, random_seed=1234))
+
+
+def test_dsa_from_below_to_above_index_topk(tmp_path) -> None:
+    """Teacher-forced from a 4-token context (every token selected, attention dense over its
+    list) to 28 tokens (16 selected by score), and the token loop across the same boundary."""
+    out = compile(load("deepseek-v3.2-tiny-topk16"), tmp_path, CompileOptions(max_seq_len=512))
+    engine = Engine.load(out, random_seed=1234)
+    check_teacher_forced(engine, prefill=4, steps=24)
+    check_selection(engine, prefill=4, steps=24)
+
+
+def test_full_size_dsa_attention_matches_interpreter(tmp_path) -> None:
+    """DeepSeek-V3.2's attention at full size (128 heads, 64 index heads of 128, index_topk
+    2048) after a 3000-token prompt, so that the selection leaves tokens out: teacher-forced
+    logits, the token loop and the selection."""
+    out = compile(load("deepseek-v3.2-attention"), tmp_path, CompileOptions(max_seq_len=4096))
+    engine = Engine.load(out, random_seed=1234)
+    check_teacher_forced(engine, prefill=3000, steps=16)
+    check_selection(engine, prefill=3000, steps=16)
+    test_token_loop_equals_single_steps(engine)
 
 
 FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]

@@ -59,20 +59,11 @@ def test_codegen_takes_mla_and_compiles_mla_code_only_for_it() -> None:
     assert dense["MLA"] == 0 and not any(k.startswith("MLA_") for k in dense)
 
 
-@pytest.mark.parametrize("name, message", [
-    ("deepseek-v3.2-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
-    ("glm-5-tiny", r"fused opcode 'dsa_score' \(DSA indexer\) is not yet in the CUDA"),
-])
-def test_what_the_kernel_lacks_is_refused_by_name(name: str, message: str) -> None:
-    with pytest.raises(ScheduleError, match=message):
-        codegen.check_supported(tilertc.schedule(tilertc.load_spec(name)))
-
-
-def test_attention_over_a_dsa_selection_is_refused_by_name() -> None:
+def test_latent_rows_of_partial_pieces_are_refused_by_name() -> None:
     program = tilertc.schedule(mla_tiny())
-    program.graph.op("layers.1.attention").attrs["dsa"] = True
+    program.graph.op("layers.1.attention").attrs["kv_lora_rank"] = 12
     with pytest.raises(ScheduleError, match="op 'layers.1.attention': not yet in the CUDA "
-                                            "backend: attention over the DSA indexer's top-k"):
+                                            "backend: latent cache rows of 20 values"):
         codegen.check_supported(program)
 
 

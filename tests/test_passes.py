@@ -278,9 +278,9 @@ def test_cost_charges_attention_its_measured_chain_and_kv_rate() -> None:
 # -- the CUDA backend's refusals -----------------------------------------------------------------
 
 def test_cuda_codegen_refuses_what_it_does_not_run() -> None:
-    with pytest.raises(ScheduleError, match=r"fused opcode 'dsa_score' \(DSA indexer\) is not "
-                                            r"yet in the CUDA backend"):
-        constants(schedule(load_spec("deepseek-v3.2-tiny")))
+    with pytest.raises(ScheduleError, match=r"op 'layers.0.dsa.score': not yet in the CUDA "
+                                            r"backend: index key rows of 18 values"):
+        constants(schedule(load_spec("glm-5-tiny", overrides={"index_head_dim": 18})))
     with pytest.raises(ScheduleError, match=r"--tp 2: tensor parallelism is not yet in the CUDA "
                                             r"backend"):
         constants(schedule(load_spec("llama-tiny"), tp=2))

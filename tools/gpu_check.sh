@@ -23,9 +23,11 @@ echo "gpu tests (rc $?): $(tail -1 "$out/pytest.txt")"
 
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 # each entry: a model and its sanitize_decode.py arguments (deepseek-v3-tiny with a dense FFN in
-# every layer: the MLA kernel; as built in: MLA with DeepSeek's MoE)
+# every layer: the MLA kernel; as built in: MLA with DeepSeek's MoE; deepseek-v3.2-tiny and
+# glm-5-tiny: with the DSA indexer)
 for entry in llama-tiny qwen3-tiny llama-tiny-odd qwen3-moe-tiny \
-    "deepseek-v3-tiny config.first_k_dense_replace=3" deepseek-v3-tiny; do
+    "deepseek-v3-tiny config.first_k_dense_replace=3" deepseek-v3-tiny deepseek-v3.2-tiny \
+    glm-5-tiny; do
     read -r model args <<<"$entry"
     log=$model${args:+_${args//[ =]/_}}  # one log per entry, not per model
     # shellcheck disable=SC2086  # $args: zero or more words

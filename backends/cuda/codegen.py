@@ -20,8 +20,6 @@ from tilertc.passes.residency import MLA_KEYS, REDUCTION_FLOATS
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
-# What the fused opcodes the kernel lacks belong to, for the refusal's message.
-FEATURES = {"dsa_score": "DSA indexer", "dsa_topk": "DSA indexer"}
 # The router is one warp: every expert's score in its registers, lane k keeps the k-th choice;
 # its group-limited selection keeps the chosen groups as bits of a word.
 MAX_EXPERTS = 256
@@ -30,8 +28,8 @@ MAX_GROUPS = 32
 
 def check_supported(program: Program) -> None:
     """The CUDA backend runs the dense fused opcodes, MoE (Qwen3-MoE's and DeepSeek-V3's
-    routing, routed and shared experts) and absorbed MLA on one GPU; anything else is refused
-    by name here, before any source is emitted."""
+    routing, routed and shared experts), absorbed MLA and the DSA indexer on one GPU; anything
+    else is refused by name here, before any source is emitted."""
     from tilertc.backends.cuda.encode import OPCODES
 
     if program.tp != 1:
@@ -42,34 +40,77 @@ def check_supported(program: Program) -> None:
         )
     for op in program.graph.ops():
         if op.opcode not in OPCODES:
-            what = f" ({FEATURES[op.opcode]})" if op.opcode in FEATURES else ""
             raise ScheduleError(
-                f"op {op.name!r}: fused opcode {op.opcode!r}{what} is not yet in the "
+                f"op {op.name!r}: fused opcode {op.opcode!r} is not yet in the "
                 f"CUDA backend (it runs {', '.join(OPCODES)}); `tilertc "
                 "explain` shows the schedule"
             )
         _check_moe(op)
         _check_mla(op)
+    _check_dsa(program)
 
 
 def _check_mla(op) -> None:
-    """The kernel's MLA attends to the whole context (no DSA top-k list) and reads a latent
-    cache row as whole 16-byte pieces."""
+    """The kernel's MLA reads a latent cache row as whole 16-byte pieces."""
     if op.opcode != "mla_attention":
         return
     a = op.attrs
     width = a["kv_lora_rank"] + a["qk_rope_head_dim"]
     missing = []
-    if a["dsa"]:
-        missing.append("attention over the DSA indexer's top-k list")
     if width % 8:
         missing.append(f"latent cache rows of {width} values (not whole 16-byte pieces)")
     if a["qk_rope_head_dim"] % 2:
         missing.append(f"an odd rope dimension {a['qk_rope_head_dim']}")
     if missing:
         raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
-                            f"{' and '.join(missing)} (it runs absorbed MLA over the whole "
-                            "context)")
+                            f"{' and '.join(missing)} (it runs absorbed MLA)")
+
+
+def _check_dsa(program: Program) -> None:
+    """A DSA kernel's indexer and attention are compiled for one shape: every MLA attention
+    reads an indexer's selection, every indexer has the same heads, scales and top-k, reads key
+    rows as whole 8-byte groups, and rotates the dims MLA rotates with MLA's RoPE parameters
+    (so that both read one RoPE table; only the pairing may differ)."""
+    ops = program.graph.ops()
+    scores = [op for op in ops if op.opcode == "dsa_score"]
+    attn = [op for op in ops if op.opcode == "mla_attention"]
+    if not scores:
+        return
+    missing = []
+    if not all(op.attrs["dsa"] for op in attn):
+        missing.append("MLA attention layers without the indexer beside ones with it")
+    shape = {(op.attrs["n_heads"], op.attrs["head_dim"], op.attrs["softmax_scale"],
+              op.attrs["head_weight_scale"], op.attrs["rope"]["interleaved"]) for op in scores}
+    topk = {op.attrs["topk"] for op in ops if op.opcode == "dsa_topk"}
+    if len(shape) > 1 or len(topk) > 1:
+        missing.append("indexers of different shapes or top-k")
+    mla = attn[0].attrs
+
+    def no_interleave(rope: dict) -> dict:
+        return {k: v for k, v in rope.items() if k != "interleaved"}
+
+    for op in scores:
+        a = op.attrs
+        if a["head_dim"] % 4:
+            missing.append(f"index key rows of {a['head_dim']} values (not whole 8-byte groups)")
+        if (a["rotary_dim"] != mla["qk_rope_head_dim"]
+                or no_interleave(a["rope"]) != no_interleave(mla["rope"])):
+            missing.append("an indexer RoPE other than MLA's")
+        if missing:
+            raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
+                                f"{' and '.join(missing)}")
+
+
+def _dsa(program: Program) -> dict[str, object]:
+    """The indexer's constants: its heads and key width, the scales of its score, the pairing
+    of its RoPE, the top-k, and the bits of a token id (select_top's tie rounds)."""
+    a = next(op for op in program.graph.ops() if op.opcode == "dsa_score").attrs
+    topk = next(op for op in program.graph.ops() if op.opcode == "dsa_topk").attrs["topk"]
+    return {"DSA_HEADS": a["n_heads"], "DSA_DIM": a["head_dim"], "DSA_TOPK": topk,
+            "DSA_SOFTMAX_SCALE": f"{float(a['softmax_scale'])!r}f",
+            "DSA_HEAD_WEIGHT_SCALE": f"{float(a['head_weight_scale'])!r}f",
+            "DSA_ROPE_INTERLEAVED": int(a["rope"]["interleaved"]),
+            "DSA_ROW_BITS": row_bits(program.graph.attrs["max_seq_len"])}
 
 
 def _check_moe(op) -> None:
@@ -158,6 +199,7 @@ def constants(program: Program) -> dict[str, object]:
     # Likewise the router and the routed experts' loader paths are compiled only into MoE
     # kernels, and DeepSeek's routing and shared expert only where their constants say so.
     topk = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
+    dsa = any(op.opcode == "dsa_score" for op in program.graph.ops())
     moe = {} if topk is None else _moe(program, {**topk.attrs, "bias": len(topk.inputs) > 1})
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
@@ -181,6 +223,9 @@ def constants(program: Program) -> dict[str, object]:
         # MLA's opcodes and task fields, in place of GQA attention, only in MLA kernels
         "MLA": int(mla),
         **(_mla(attn.attrs) if mla else {}),
+        # the DSA indexer's opcodes and field, and attention over its selection, only with it
+        "DSA": int(dsa),
+        **(_dsa(program) if dsa else {}),
     }
 
 

@@ -18,7 +18,8 @@ namespace tilertc {
 // ---- the task table (written by backends/cuda/encode.py; keep the two in step) -------------
 enum Opcode : int {
   OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4,
-  OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7, OP_HEAD_MATVEC = 8, OP_MLA_ATTENTION = 9
+  OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7, OP_HEAD_MATVEC = 8, OP_MLA_ATTENTION = 9,
+  OP_DSA_SCORE = 10, OP_DSA_TOPK = 11
 };
 enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
@@ -39,6 +40,9 @@ enum Field : int {
   F_IN_STRIDE,      // act floats between consecutive heads' inputs
   F_HEAD_ROWS,
   F_APPEND,         // 1: this task also normalizes, rotates and appends the step's latent cache row
+#endif
+#if DSA  // a dsa_score task's key LayerNorm bias (its weight: F_AUX3)
+  F_NORM_BIAS,
 #endif
   TASK_FIELDS
 };
@@ -563,7 +567,30 @@ struct BlockCount {
     for (int w = 0; w < COMPUTE_WARPS; ++w) total += b[w];
     return total;
   }
+  // The sum of the counts of the compute threads before this one (a warp scan, then the totals of
+  // the warps before), with one barrier.
+  __device__ int before(int n, int ct) {
+    int* b = bank + (round++ & 1) * COMPUTE_WARPS;
+    int upto = n;  // this lane's and the lanes' below it
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, upto, o);
+      if ((ct & 31) >= o) upto += v;
+    }
+    if ((ct & 31) == 31) b[ct >> 5] = upto;
+    compute_sync();
+    for (int w = 0; w < (ct >> 5); ++w) upto += b[w];
+    return upto - n;
+  }
 };
+
+// Bits of the rows select_top tells apart among equal keys: the vocabulary's, and in a DSA kernel
+// also the context's (the indexer's token ids); more bits than needed change no result.
+#if DSA
+constexpr int SELECT_ROW_BITS = SAMPLE_ROW_BITS > DSA_ROW_BITS ? SAMPLE_ROW_BITS : DSA_ROW_BITS;
+#else
+constexpr int SELECT_ROW_BITS = SAMPLE_ROW_BITS;
+#endif
 
 // The `want` largest of the block's (key, row) items: those with key > kth, and those with
 // key == kth and row <= last (the lowest rows among equal keys). Found without sorting, by
@@ -593,7 +620,7 @@ __device__ Cut select_top(BlockCount& sum, int total, int want, CountGe count_ge
   if (at == want) return {kth, 0x7fffffff};
   const int need = want - (kth == 0xffffffffu ? 0 : sum(count_ge(kth + 1), ct));
   int last = 0;  // the largest row with fewer than `need` tied rows below it: the need-th row
-  for (int b = SAMPLE_ROW_BITS - 1; b >= 0; --b) {
+  for (int b = SELECT_ROW_BITS - 1; b >= 0; --b) {
     const int probe = last | (1 << b);
     if (sum(count_tie(kth, probe), ct) < need) last = probe;
   }
@@ -1558,9 +1585,10 @@ static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte
 static_assert(MLA_HEADS <= NT, "a thread per head keeps its softmax state");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
-// the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope).
-__device__ __forceinline__ int2 rope_pair(int i) {
-  return MLA_ROPE_INTERLEAVED ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + MLA_ROPE / 2);
+// the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope). The DSA
+// indexer rotates as many dims with the same table, paired its own way.
+__device__ __forceinline__ int2 rope_pair(int i, bool interleaved = MLA_ROPE_INTERLEAVED) {
+  return interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + MLA_ROPE / 2);
 }
 __device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs, int i) {
   const float c = cs[i], sn = cs[MLA_ROPE / 2 + i];
@@ -1610,7 +1638,12 @@ __device__ void mla_chunk(const Params& p, const int* t, const float* qs, float*
   for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
     const int nb = static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0));
     for (int j = warp; j < nb; j += COMPUTE_WARPS) {
-      const uint4* src = reinterpret_cast<const uint4*>(cache + (b0 + j) * MLA_W);
+#if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected (F_AUX2)
+      const long long row = __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j);
+#else
+      const long long row = b0 + j;
+#endif
+      const uint4* src = reinterpret_cast<const uint4*>(cache + row * MLA_W);
       uint4* staged = reinterpret_cast<uint4*>(rows + j * MLA_W);
       uint4 piece[MLA_PIECES_PER_LANE];
 #pragma unroll
@@ -1661,14 +1694,20 @@ __device__ void mla_chunk(const Params& p, const int* t, const float* qs, float*
   }
 }
 
-// One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it) of one group of MLA_HEADS
+// One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
+// indexer's selection, the first min(pos + 1, DSA_TOPK) entries of its list) of one group of MLA_HEADS
 // heads (F_ROW0): stage the heads' queries (q_latent at F_IN, q's rope part at F_AUX, rotated),
 // both times the softmax scale; run the chunk; leave (sums, max, sum) per head in mla_partials
 // (F_AUX3). The last chunk task of the group to arrive (F_ARRIVE + group) merges every chunk's
 // result into o_latent (F_OUT) and is the one that signals. Returns whether it signals.
 __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
-  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+#if DSA
+  const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
+#else
+  const long long n = pos + 1;
+#endif
+  const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   float* qs = s.vec;                              // [MLA_HEADS][MLA_W]
   float* sc = qs + MLA_HEADS * MLA_W;             // [MLA_HEADS][MLA_KEYS]: scores, then probabilities
   __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(sc + MLA_HEADS * MLA_KEYS);  // [MLA_KEYS][MLA_W]
@@ -1740,6 +1779,129 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
 }
 #endif  // MLA
 
+#if DSA
+// ---- compute: the DSA lightning indexer (ir/dsa.py) ----------------------------------------
+// The layer's index key cache holds one bf16 row of DSA_DIM per position. A token's score is
+// Σ_h w[h] · DSA_HEAD_WEIGHT_SCALE · relu(q[h] · k · DSA_SOFTMAX_SCALE) over the indexer's
+// DSA_HEADS query heads q and head weights w; queries and keys are rotated on their first MLA_ROPE
+// dims with MLA's RoPE table (codegen checks the parameters agree), paired DSA_ROPE_INTERLEAVED.
+// Both scales are positive, so they are folded into w: relu(a · s) = s · relu(a).
+static_assert(MLA, "the DSA indexer selects the tokens MLA attention attends to");
+constexpr int DSA_GROUPS = DSA_DIM / 4;  // 8-byte groups of a key row (4 bf16), one per lane
+constexpr int DSA_GROUPS_PER_LANE = (DSA_GROUPS + 31) / 32;
+static_assert(DSA_DIM % 4 == 0 && DSA_DIM >= MLA_ROPE, "key rows are whole 8-byte groups, rotated in front");
+
+// The step's key, by one warp: LayerNorm of the key projection (F_AUX2; weight F_AUX3, bias
+// F_NORM_BIAS, eps F_EPS, biased variance as torch's layer_norm), RoPE on its first MLA_ROPE dims
+// (cos | sin `cs`), written as row `pos` of the index key cache (F_KCACHE).
+__device__ void dsa_append_key(const Params& p, const int* t, const float* cs, long long pos, int lane) {
+  const float* k = p.act + t[F_AUX2];
+  float sum = 0.f;
+  for (int d = lane; d < DSA_DIM; d += 32) sum += __ldcg(k + d);
+  const float mean = warp_sum(sum) / DSA_DIM;
+  float ss = 0.f;
+  for (int d = lane; d < DSA_DIM; d += 32) {
+    const float x = __ldcg(k + d) - mean;
+    ss += x * x;
+  }
+  const float rstd = rsqrtf(warp_sum(ss) / DSA_DIM + __int_as_float(t[F_EPS]));
+  auto normed = [&](int d) {
+    return (__ldcg(k + d) - mean) * rstd * __ldcg(p.act + t[F_AUX3] + d) + __ldcg(p.act + t[F_NORM_BIAS] + d);
+  };
+  __nv_bfloat16* row = p.kv + t[F_KCACHE] + pos * DSA_DIM;
+  for (int i = lane; i < MLA_ROPE / 2; i += 32) {
+    const int2 d = rope_pair(i, DSA_ROPE_INTERLEAVED);
+    const float2 r = rope_rotate(normed(d.x), normed(d.y), cs, i);
+    row[d.x] = __float2bfloat16(r.x);
+    row[d.y] = __float2bfloat16(r.y);
+  }
+  for (int d = MLA_ROPE + lane; d < DSA_DIM; d += 32) row[d] = __float2bfloat16(normed(d));
+}
+
+// One context chunk of the indexer's scores (F_CHUNK of F_COUNT, cut as attention cuts it): stage
+// the queries (F_IN), rotated, and the head weights (F_AUX) times both scales; the last chunk,
+// which holds the current position, first appends the step's key (passes/fusion_mla.py); then a
+// warp per key row: each lane takes 4 dims of the row (8 bytes: a lane taking 16 made the
+// full-size kernel spill), a warp sum per head, and the chunk's scores go to F_OUT at their
+// positions.
+__device__ void run_dsa_score(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, chunks = t[F_COUNT], c = t[F_CHUNK];
+  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  float* qs = s.vec;                    // [DSA_HEADS][DSA_DIM]
+  float* w = qs + DSA_HEADS * DSA_DIM;  // [DSA_HEADS]
+  float* cs = w + DSA_HEADS;            // [MLA_ROPE]: cos | sin at pos
+  for (int i = ct; i < DSA_HEADS * DSA_DIM; i += NT) qs[i] = __ldcg(p.act + t[F_IN] + i);
+  for (int h = ct; h < DSA_HEADS; h += NT)
+    w[h] = __ldcg(p.act + t[F_AUX] + h) * (DSA_HEAD_WEIGHT_SCALE * DSA_SOFTMAX_SCALE);
+  for (int i = ct; i < MLA_ROPE; i += NT) cs[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
+  compute_sync();
+  if (c == chunks - 1 && warp == 0) dsa_append_key(p, t, cs, pos, lane);
+  for (int i = ct; i < DSA_HEADS * MLA_ROPE / 2; i += NT) {
+    float* v = qs + i / (MLA_ROPE / 2) * DSA_DIM;
+    const int2 d = rope_pair(i % (MLA_ROPE / 2), DSA_ROPE_INTERLEAVED);
+    const float2 r = rope_rotate(v[d.x], v[d.y], cs, i % (MLA_ROPE / 2));
+    v[d.x] = r.x;
+    v[d.y] = r.y;
+  }
+  compute_sync();  // also orders the appended row before the warps read it back
+  const __nv_bfloat16* cache = p.kv + t[F_KCACHE];
+  for (long long j = k0 + warp; j < k1; j += COMPUTE_WARPS) {
+    const uint2* src = reinterpret_cast<const uint2*>(cache + j * DSA_DIM);
+    uint2 key[DSA_GROUPS_PER_LANE];
+#pragma unroll
+    for (int u = 0; u < DSA_GROUPS_PER_LANE; ++u)
+      if (lane + 32 * u < DSA_GROUPS) key[u] = __ldcg(src + lane + 32 * u);
+    float score = 0.f;
+#pragma unroll 8
+    for (int h = 0; h < DSA_HEADS; ++h) {
+      const float4* q = reinterpret_cast<const float4*>(qs + h * DSA_DIM);
+      float d = 0.f;
+#pragma unroll
+      for (int u = 0; u < DSA_GROUPS_PER_LANE; ++u)
+        if (lane + 32 * u < DSA_GROUPS) d = Bf16Row::dot(key[u], q[lane + 32 * u], d);
+      score = fmaf(w[h], fmaxf(warp_sum(d), 0.f), score);
+    }
+    if (lane == 0) __stcg(p.act + t[F_OUT] + j, score);
+  }
+}
+
+// The indexer's selection (ir/dsa.py: dsa_topk): of the n = pos + 1 tokens' scores (F_IN), the
+// DSA_TOPK largest, equal scores going to the earlier token, found by select_top's counting over
+// the scores' order keys; written to F_OUT (int32) in increasing token order: each thread takes a
+// run of consecutive tokens, and a block-wide prefix of the chosen counts places its run. Up to
+// DSA_TOPK tokens, every one is chosen; the list's unused entries are -1.
+__device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+  const int n = static_cast<int>(pos + 1);
+  const float* scores = p.act + t[F_IN];
+  int* ids = reinterpret_cast<int*>(p.act + t[F_OUT]);
+  if (n <= DSA_TOPK) {
+    for (int i = ct; i < DSA_TOPK; i += NT) __stcg(ids + i, i < n ? i : -1);
+    return;
+  }
+  const int per = (n + NT - 1) / NT, lo = min(n, ct * per), hi = min(n, lo + per);
+  // A score's order key, -0.0 taken as 0.0 (x + 0 is +0 for either zero): equal scores to the
+  // interpreter's sort, whose tie rule then decides.
+  auto key = [&](int i) { return order_key(__ldcg(scores + i) + 0.f); };
+  BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
+  auto count_ge = [&](uint32_t x) {
+    int c = 0;
+    for (int i = lo; i < hi; ++i) c += key(i) >= x;
+    return c;
+  };
+  auto count_tie = [&](uint32_t kth, int x) {
+    int c = 0;
+    for (int i = lo; i < hi; ++i) c += key(i) == kth && i < x;
+    return c;
+  };
+  const Cut cut = select_top(sum, n, DSA_TOPK, count_ge, count_tie, ct);
+  int mine = 0;
+  for (int i = lo; i < hi; ++i) mine += taken(cut, key(i), i);
+  int at = sum.before(mine, ct);
+  for (int i = lo; i < hi; ++i)
+    if (taken(cut, key(i), i)) __stcg(ids + at++, i);
+}
+#endif  // DSA
+
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x - 32;
@@ -1787,7 +1949,12 @@ __device__ void run_compute(const Params& p, Shared& s) {
           if (t[F_APPEND]) mla_append_latent(p, t, pos, opaque(ct));
           break;
         case OP_MLA_ATTENTION: signal = run_mla_attention(p, s, t, step, pos, opaque(ct)); break;
-#else
+#endif
+#if DSA
+        case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, opaque(ct)); break;
+        case OP_DSA_TOPK: run_dsa_topk(p, s, t, pos, opaque(ct)); break;
+#endif
+#if !MLA
         case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, consumed, ct); break;
 #endif
         case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;

@@ -2,9 +2,9 @@
 
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
 A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
-shared expert), an MLA model's the `MLA_FIELDS` (decode.cuh declares them under `#if MOE`,
-`#if MOE_SHARED_K` and `#if MLA`), so that a dense model's table and kernel are what they were
-without them.
+shared expert), an MLA model's the `MLA_FIELDS`, a DSA model's then the `DSA_FIELDS` (decode.cuh
+declares them under `#if MOE`, `#if MOE_SHARED_K`, `#if MLA` and `#if DSA`), so that a dense
+model's table and kernel are what they were without them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tilertc.passes.program import Program, ScheduleError, Task
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4,
            "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7, "head_matvec": 8,
-           "mla_attention": 9}
+           "mla_attention": 9, "dsa_score": 10, "dsa_topk": 11}
 # A routed task's rows are `slots` pieces, piece j from the expert the router put in slot
 # slot0 + j; the kernel's loader reads that expert's id only after acquiring `route`.
 MOE_FIELDS = ("route", "ids", "slot0", "slots", "expert_stride")
@@ -31,6 +31,8 @@ SHARED_FIELDS = ("shared_in", "shared_lo", "shared_hi")
 # `in_stride` apart; the task with `append` set also runs MLA's latent prologue and appends the
 # step's row to the latent cache.
 MLA_FIELDS = ("in_stride", "head_rows", "append")
+# A dsa_score task's key LayerNorm bias (its weight is at `aux3`).
+DSA_FIELDS = ("norm_bias",)
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
 WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
 FIELDS = (
@@ -86,13 +88,14 @@ def _offset(program: Program, tensor: str) -> int:
 def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
-    and the MLA ones when there is MLA attention)."""
+    the MLA ones when there is MLA attention, the DSA ones with an indexer)."""
     ops = program.graph.ops()
     opcodes = {op.opcode for op in ops}
     shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
     return (FIELDS + (MOE_FIELDS if "moe_topk" in opcodes else ())
             + (SHARED_FIELDS if shared else ())
-            + (MLA_FIELDS if "mla_attention" in opcodes else ()))
+            + (MLA_FIELDS if "mla_attention" in opcodes else ())
+            + (DSA_FIELDS if "dsa_score" in opcodes else ()))
 
 
 def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str, int]:
@@ -140,13 +143,29 @@ def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
 
 def _mla_attention(program: Program, t: Task, op) -> dict[str, int]:
     """One chunk of one head group: latent queries at `in`, q (for its rope part) at `aux`,
-    the latent cache at `kcache`; the chunk results in mla_partials (`aux3`)."""
+    the latent cache at `kcache`; the chunk results in mla_partials (`aux3`); with DSA the
+    chunk is of the indexer's selection, its token ids at `aux2`."""
     a = op.attrs
     return {"in": _offset(program, op.inputs[0]), "aux": _view(program, op, "q"),
             "out": _offset(program, op.outputs[0]), "kcache": _offset(program, op.inputs[2]),
             "scale": _f32_bits(a["scale"]), "count": a["tile"]["chunks"],
             "chunk": t.index % a["tile"]["chunks"], "arrive": t.arrive - t.rows[0],
-            "aux3": _offset(program, "mla_partials")}
+            "aux3": _offset(program, "mla_partials"),
+            **({"aux2": _offset(program, op.inputs[3])} if a["dsa"] else {})}
+
+
+def _dsa_score(program: Program, t: Task, op) -> dict[str, int]:
+    """One context chunk of the indexer's scores: its queries at `in`, head weights at `aux`,
+    the step's unnormalized key at `aux2` (views of the projections), the key LayerNorm's
+    weight at `aux3` and bias at `norm_bias`, the index key cache at `kcache`, scores at
+    `out`."""
+    a = op.attrs
+    norm_w, norm_b, cache = op.inputs[-3:]
+    return {"in": _view(program, op, "q"), "aux": _view(program, op, "w"),
+            "aux2": _view(program, op, "k"), "aux3": _offset(program, norm_w),
+            "norm_bias": _offset(program, norm_b), "kcache": _offset(program, cache),
+            "out": _offset(program, op.outputs[0]), "eps": _f32_bits(a["eps"]),
+            "count": a["tile"]["context_chunks"], "chunk": t.index}
 
 
 def encode_task(program: Program, t: Task, counters: dict[str, int] | None = None,
@@ -219,6 +238,10 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
             row.update(aux=_offset(program, norms[0]), aux2=_offset(program, norms[1]))
     elif t.opcode == "mla_attention":
         row.update(_mla_attention(program, t, op))
+    elif t.opcode == "dsa_score":
+        row.update(_dsa_score(program, t, op))
+    elif t.opcode == "dsa_topk":
+        row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]))
     elif t.opcode == "moe_topk":
         row.update(**{"in": _offset(program, op.inputs[0])}, out=_offset(program, op.outputs[0]),
                    aux=_offset(program, op.outputs[1]))

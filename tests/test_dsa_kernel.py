@@ -1,0 +1,219 @@
+"""The DSA lightning indexer (DeepSeek-V3.2, GLM-5) in the CUDA backend, on the CPU: what the
+codegen accepts and refuses, the DSA artifacts (tiny and full-size compile without spills, other
+cubins do not carry DSA code), the kernel's top-k selection (run_dsa_topk) against the
+interpreter's on scores with ties, and a whole decode step of the kernel's own device code run
+on the host (tests/host_kernel.cpp: `step`) against the interpreter, at contexts shorter and
+longer than index_topk.
+
+The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (DSA_MODELS).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from test_fp8_kernel import needs_nvcc
+from test_mla_kernel import SEQ, build_step_harness, host_step, small
+from test_moe_kernel import TOOL, columns
+
+import tilertc
+from tilertc.backends.cuda import codegen
+from tilertc.backends.cuda.encode import (
+    DSA_FIELDS,
+    FIELDS,
+    MLA_FIELDS,
+    MOE_FIELDS,
+    OPCODES,
+    SHARED_FIELDS,
+)
+from tilertc.driver import CompileOptions, compile
+from tilertc.ir import dsa  # noqa: F401  (registers the DSA opcodes' semantics)
+from tilertc.ir.interpreter import SEMANTICS
+from tilertc.ir.weights import random_weights
+from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import ScheduleError
+
+TOPK = 16  # index_topk of the host tests: contexts on both sides of it stay cheap
+# Full-size DeepSeek-V3.2 (bf16: FP8 MLA/MoE weights are refused) with 3 dense and 1 MoE
+# layer, and a smaller vocabulary
+FULL = {"quantization_config": None, "num_hidden_layers": 4, "first_k_dense_replace": 3,
+        "vocab_size": 32000}
+
+
+def interpreter_topk(scores: torch.Tensor, k: int) -> list[list[int]]:
+    """The interpreter's dsa_topk of scores [T, n]."""
+    return SEMANTICS["dsa_topk"](SimpleNamespace(attrs={"topk": k}), [scores], None)[0].tolist()
+
+
+def dsa_tiny(name: str = "deepseek-v3.2-tiny", **overrides: Any) -> ModelSpec:
+    return tilertc.load_spec(name, overrides={"index_topk": TOPK, **overrides})
+
+
+# -- what the codegen takes ----------------------------------------------------------------------
+
+def test_codegen_takes_dsa_and_compiles_dsa_code_only_for_it() -> None:
+    consts = codegen.constants(tilertc.schedule(tilertc.load_spec("deepseek-v3.2-tiny"),
+                                                max_seq_len=512))
+    assert {k: v for k, v in consts.items() if k.startswith("DSA")} == {
+        "DSA": 1, "DSA_HEADS": 4, "DSA_DIM": 16, "DSA_TOPK": 8,
+        "DSA_SOFTMAX_SCALE": "0.25f", "DSA_HEAD_WEIGHT_SCALE": "0.5f",
+        "DSA_ROPE_INTERLEAVED": 0, "DSA_ROW_BITS": 9}
+    glm = codegen.constants(tilertc.schedule(tilertc.load_spec("glm-5-tiny")))
+    assert glm["DSA_ROPE_INTERLEAVED"] == 1  # GLM-5 pairs its indexer's RoPE interleaved
+    for name in ("llama-tiny", "deepseek-v3-tiny"):
+        other = codegen.constants(tilertc.schedule(tilertc.load_spec(name)))
+        assert other["DSA"] == 0 and not any(k.startswith("DSA_") for k in other)
+
+
+def test_an_indexer_rope_other_than_mlas_is_refused_by_name() -> None:
+    """The indexer reads MLA's RoPE table: other parameters (here: more rotated dims) would
+    need a table of their own."""
+    program = tilertc.schedule(dsa_tiny())
+    program.graph.op("layers.1.dsa.score").attrs["rotary_dim"] = 16
+    with pytest.raises(ScheduleError, match="op 'layers.1.dsa.score': not yet in the CUDA "
+                                            "backend: an indexer RoPE other than MLA's"):
+        codegen.check_supported(program)
+
+
+# -- the artifacts -----------------------------------------------------------------------------
+
+def test_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
+    """The tiny spec and full-size DeepSeek-V3.2 (64 index heads of 128, top-2048 of a 4096
+    context) compile into one checked kernel without spills; their tables have the DSA fields,
+    every layer an indexer of 32 chunks and one top-k task, attention reading its ids."""
+    needs_nvcc()
+    for name, spec, layers in (("tiny", tilertc.load_spec("deepseek-v3.2-tiny"), 3),
+                               ("full", tilertc.load_spec("deepseek-v3.2", overrides=FULL), 4)):
+        out = compile(spec, tmp_path / name, CompileOptions(max_seq_len=4096))
+        assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
+        col, m = columns(out)
+        assert m["task_fields"] == [*FIELDS, *MOE_FIELDS, *SHARED_FIELDS, *MLA_FIELDS,
+                                    *DSA_FIELDS]
+        assert "#define DSA 1" in (out / "kernel.cu").read_text()
+        assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, m["kernel"]["ptxas"]
+        assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, m["kernel"]["ptxas"]
+        assert (col["opcode"] == OPCODES["dsa_score"]).sum() == layers * 32
+        assert (col["opcode"] == OPCODES["dsa_topk"]).sum() == layers
+        attn = col["opcode"] == OPCODES["mla_attention"]
+        topk = {m["buffers"][f"layers.{i}.dsa.topk"]["offset"] for i in range(layers)}
+        assert set(col["aux2"][attn].tolist()) == topk
+        assert set(m["kv_cache"]["layers"]["0"]) == {"latent", "index_keys"}
+
+
+# -- the top-k selection, run on the host --------------------------------------------------------
+
+def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
+    """Scores of contexts below, at and above TOPK: random; rounded to a few values (many
+    exact ties, at the k-th place too); all zero (every head's ReLU zero); a run of equal
+    scores straddling the cut; negative and positive zeros; one score far above the rest."""
+    cases = []
+    for n in (1, 5, TOPK, TOPK + 1, 40, 300, 1000):
+        cases.append(torch.randn(n, generator=gen))
+        cases.append((torch.randn(n, generator=gen) * 2).round())
+        cases.append(torch.zeros(n))
+    for n in (50, 700):
+        x = torch.randn(n, generator=gen)
+        order = x.argsort(descending=True)
+        x[order[TOPK - 4:TOPK + 5]] = float(x[order[TOPK - 1]])
+        cases.append(x)
+        y = torch.zeros(n)
+        y[torch.randperm(n, generator=gen)[: n // 2]] = -0.0
+        y[torch.randperm(n, generator=gen)[:3]] = 1.0
+        cases.append(y)
+    return cases
+
+
+def test_kernel_topk_is_the_interpreters(tmp_path: Path) -> None:
+    """run_dsa_topk (select_top's counting, then a prefix of the chosen counts) picks the
+    interpreter's tokens in its order: the TOPK largest scores, equal scores (-0.0 and 0.0
+    too) to the earlier token, in increasing token order, -1 past the context's tokens."""
+    program = make_program(dsa_tiny(), "h200", max_seq_len=2048, tuning={"compute_warps": 2})
+    exe = build_step_harness(tmp_path, codegen.constants(program))
+    cases = topk_cases(torch.Generator().manual_seed(3))
+    lines = [f"dsa_topk {len(x)} {' '.join(str(b) for b in x.numpy().view(np.uint32))}"
+             for x in cases]
+    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True,
+                         text=True, check=True).stdout.strip().split("\n")
+    for x, line in zip(cases, out, strict=True):
+        want = interpreter_topk(x[None], TOPK)[0]
+        assert [int(v) for v in line.split()] == want, f"scores {x.tolist()}"
+
+
+def test_topk_keeps_every_token_below_index_topk_and_ties_to_the_earlier() -> None:
+    """The interpreter's rule itself: below TOPK tokens all are chosen, in order; of equal
+    scores at the cut the earlier tokens are chosen."""
+    assert interpreter_topk(torch.tensor([[3.0, -1.0, 2.0]]), 4) == [[0, 1, 2, -1]]
+    tied = torch.tensor([[1.0, 5.0, 1.0, 1.0, 7.0, 1.0, 0.5]])
+    assert interpreter_topk(tied, 4) == [[0, 1, 2, 4]]
+    hidden = torch.tensor([[1.0, 2.0, float("-inf"), float("-inf")]])
+    assert interpreter_topk(hidden, 4) == [[0, 1, -1, -1]]
+    assert interpreter_topk(torch.tensor([[0.0, -0.0, 1.0]]), 2) == [[0, 2]]
+
+
+# -- a decode step of the device code, run on the host ---------------------------------------
+
+# (spec, overrides, target, prompt length): deepseek-v3.2-tiny with index_topk 16 on the H200
+# below the top-k (every token chosen, 32 score chunks mostly empty) and above it (the
+# selection chosen by score, attention chunks of the top-k list); on 5 SMs (several keys per
+# score chunk and warp, several attention key blocks); GLM-5-tiny (its indexer's RoPE
+# interleaved, a layer reusing the layer before's selection) on 7 SMs.
+STEPS = [
+    ("deepseek-v3.2-tiny", {}, "h200", 10),
+    ("deepseek-v3.2-tiny", {}, "h200", 100),
+    ("deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-5", 5), 200),
+    ("glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
+]
+
+
+@pytest.mark.parametrize("name, overrides, target, prefill", STEPS)
+def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
+        tmp_path: Path, name: str, overrides: dict[str, Any], target: Any, prefill: int) -> None:
+    """One decode step of decode.cuh's own code (indexer scores and key append, top-k, MLA
+    attention over the selection, MoE, lm_head, sampler) from the task table, packed weights
+    and arenas, against the interpreter (bf16 caches as the kernel's): every indexer's scores
+    of the context, its selected token ids exactly, its appended key row (to a bf16 rounding
+    step) and untouched prefilled rows; every layer's attention output and residuals; the
+    logits and the token."""
+    spec = dsa_tiny(name, **overrides)
+    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
+    gen = torch.Generator().manual_seed(prefill)
+    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
+    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    got_tok, bufs, env, m = host_step(tmp_path, program, weights, prompt, token)
+    n, k = prefill + 1, spec.indexer.topk
+    indexers = [i for i in range(spec.num_layers) if spec.indexer.runs_indexer(i)]
+    assert indexers == ([0, 1] if name == "glm-5-tiny" else [0, 1, 2])
+    for layer in indexers:
+        key = f"layers.{layer}.dsa.scores"
+        want = env[key][0][:n]
+        assert torch.allclose(bufs[key][:n], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+        ids = f"layers.{layer}.dsa.topk"
+        chosen = env[ids][0].tolist()
+        assert bufs[ids].view(torch.int32).tolist() == chosen, ids
+        assert sum(i >= 0 for i in chosen) == min(n, k)
+        assert n > k or chosen[:n] == list(range(n))  # below index_topk: every token
+        cache = m["kv_cache"]["layers"][str(layer)]["index_keys"]
+        rows = bufs[cache].view(-1, spec.indexer.head_dim)
+        want = env[cache][prefill].float()
+        assert torch.allclose(rows[prefill].float(), want, rtol=1e-2,
+                              atol=1e-3 * float(want.abs().max())), cache
+        assert torch.equal(rows[:prefill].float(), env[cache][:prefill].float())
+        assert not rows[n:].float().any(), "rows past the step were written"
+    for layer in range(spec.num_layers):
+        for part in ("o_latent", "x.attn", "x.ffn"):
+            key = f"layers.{layer}.{part}"
+            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
+                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
+    logits = env["logits"][0]
+    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+    assert got_tok == int(bufs["logits"].argmax())
