@@ -28,9 +28,10 @@ PASSES = [
 
 
 def check_weight_format(spec: ModelSpec, tp: int) -> None:
-    """FP8 weights are scheduled for dense models on one GPU. MoE and MLA ops read FP8 rows in
-    ways the packing does not cover yet (routed experts at run time, MLA's per-head transposed
-    W_uk, whose blocks do not follow its rows), and sharding would cut scale blocks."""
+    """FP8 weights are scheduled for dense and Qwen3-MoE models on one GPU. MLA reads FP8 rows
+    in a way the packing does not cover yet (its per-head transposed W_uk, whose blocks do not
+    follow its rows), nor a routed down row that ends with a shared expert's (its pieces would
+    not share a format), and sharding would cut scale blocks."""
     if not spec.weight_format.is_fp8:
         return
     bf16 = ("; for the bf16 variant, override quantization_config with null (CLI: "
