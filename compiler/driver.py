@@ -18,7 +18,7 @@ import numpy as np
 
 from tilertc.artifact import ARTIFACT_FORMAT
 from tilertc.backends.cuda import codegen, encode
-from tilertc.ir.graph import TensorKind
+from tilertc.ir.graph import Graph, Tensor, TensorKind
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
@@ -85,10 +85,7 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
         if "derived" in ws[0].attrs:  # rows of a weight derived from the checkpoint tensor
             a = g.op(t.op).attrs
             entry["derived"] = [ws[0].attrs["derived"], {k: a[k] for k in MLA_DIMS}]
-        if "scale_inv" in ws[0].attrs:
-            entry.update(scales=[g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
-                         block=list(ws[0].attrs["block"]), row_bytes=weight_row_bytes(ws[0]))
-        layout.append(entry)
+        layout.append(entry | _fp8_rows(g, ws))
     for op in g.ops():
         region = op.attrs.get("experts_packed")
         if region is None:
@@ -99,8 +96,17 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
             layout.append({"offset": region["offset"] + e * region["stride"],
                            "bytes": rows * region["row_bytes"], "interleave": len(ws) > 1,
                            "format": ws[0].dtype, "expert": [op.name, e],
-                           "segments": [[w.hf_name, 0, rows] for w in ws]})
+                           "segments": [[w.hf_name, 0, rows] for w in ws]} | _fp8_rows(g, ws))
     return layout
+
+
+def _fp8_rows(g: Graph, ws: list[Tensor]) -> dict[str, Any]:
+    """For FP8 weights, what packing needs besides the rows: each segment's scale tensor, the
+    block and the packed bytes of one row (none for bf16)."""
+    if "scale_inv" not in ws[0].attrs:
+        return {}
+    return {"scales": [g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
+            "block": list(ws[0].attrs["block"]), "row_bytes": weight_row_bytes(ws[0])}
 
 
 def _kv_cache(program: Program) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def fuse(program: Program) -> Program:
     return program
 
 
-def _operands(g: Graph, op: Op) -> list[str]:
+def operands(g: Graph, op: Op) -> list[str]:
     """A linear's inputs without the block scales of an FP8 weight. The scales are packed into
     the weight's rows (passes/packing.py), so a fused op names only the weight, whose
     `scale_inv` attr leads to them."""
@@ -135,7 +135,7 @@ def _operands(g: Graph, op: Op) -> list[str]:
 
 def _fuse_residual(f: Fusion, op: Op) -> None:
     users = f.consumers(op.outputs[0])
-    ins = _operands(f.g, op)
+    ins = operands(f.g, op)
     if len(users) != 1 or users[0].opcode != "add" or len(ins) != 2:
         raise ScheduleError(f"op {op.name!r}: a linear not followed by a residual add has "
                             "no fused form in this backend")
@@ -149,7 +149,7 @@ def _fuse_residual(f: Fusion, op: Op) -> None:
 def _fuse_norm(f: Fusion, norm: Op) -> None:
     g = f.g
     linears = f.consumers(norm.outputs[0])
-    if not linears or any(op.opcode != "linear" or len(_operands(g, op)) != 2 for op in linears):
+    if not linears or any(op.opcode != "linear" or len(operands(g, op)) != 2 for op in linears):
         raise ScheduleError(f"op {norm.name!r}: rms_norm must feed bias-free linears to be fused")
     weights = [op.inputs[1] for op in linears]
     k = g.tensors[weights[0]].shape[1]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tilertc.ir.graph import Op, TensorKind
 from tilertc.ir.moe import EXPERT_PROJECTIONS
-from tilertc.passes.fusion import Fusion
+from tilertc.passes.fusion import Fusion, operands
 from tilertc.passes.program import ScheduleError
 
 
@@ -58,7 +58,7 @@ def fuse_moe(f: Fusion, norm: Op) -> None:
     a = experts.attrs
     inter, slots = a["intermediate_size"], a.get("slots", a["top_k"])
     per_expert = len(EXPERT_PROJECTIONS)
-    expert_w = experts.inputs[3:]
+    expert_w = operands(g, experts)[3:]
     is_down = [EXPERT_PROJECTIONS[i % per_expert] == "down_proj" for i in range(len(expert_w))]
     gate_up = [w for w, d in zip(expert_w, is_down, strict=True) if not d]
     down = [w for w, d in zip(expert_w, is_down, strict=True) if d]

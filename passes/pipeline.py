@@ -28,17 +28,19 @@ PASSES = [
 
 
 def check_weight_format(spec: ModelSpec, tp: int) -> None:
-    """FP8 weights are scheduled for dense models on one GPU. MoE and MLA ops read FP8 rows in
-    ways the packing does not cover yet (routed experts at run time, MLA's per-head transposed
-    W_uk, whose blocks do not follow its rows), and sharding would cut scale blocks."""
+    """FP8 weights are scheduled for dense and Qwen3-MoE models on one GPU. MLA reads FP8 rows
+    in a way the packing does not cover yet (its per-head transposed W_uk, whose blocks do not
+    follow its rows), nor a routed down row that ends with a shared expert's (its pieces would
+    not share a format), and sharding would cut scale blocks."""
     if not spec.weight_format.is_fp8:
         return
     bf16 = ("; for the bf16 variant, override quantization_config with null (CLI: "
             "--set quantization_config=null, or --weight-dtype bf16)")
-    if not spec.is_dense:
-        parts = [p for p, on in (("MoE", spec.moe), ("MLA", spec.mla)) if on is not None]
-        raise ScheduleError(f"{spec.name}: FP8 weights are supported for dense models (llama, "
-                            f"qwen3) only, not yet with {' and '.join(parts)} layers "
+    parts = [p for p, on in (("MLA", spec.mla),
+                             ("shared experts", spec.moe and spec.moe.num_shared_experts)) if on]
+    if parts:
+        raise ScheduleError(f"{spec.name}: FP8 weights are supported for dense and Qwen3-MoE "
+                            f"models only, not yet with {' and '.join(parts)} "
                             f"({spec.model_type}){bf16}")
     if tp != 1:
         raise ScheduleError(f"{spec.name}: FP8 weights are supported at --tp 1 only, not yet "

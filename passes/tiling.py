@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from tilertc.ir.fp8 import packed_row_bytes
 from tilertc.ir.graph import DTYPE_BYTES, Tensor
+from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
 
 MAX_ATTENTION_CHUNKS = 32
@@ -47,9 +48,11 @@ def row_bytes(program: Program, op) -> int:
     """Bytes of weights behind one output row of a matrix-vector op (of a routed op: with
     every slot busy)."""
     g = program.graph
-    if op.opcode == "moe_down_add":
-        down = op.inputs[-1]
-        return op.attrs["K"] * DTYPE_BYTES[g.tensors[down].dtype]
+    if op.opcode == "moe_down_add":  # one piece per slot: a row of the slot's expert
+        a = op.attrs
+        down = g.tensors[down_inputs(op)[5][0]]  # expert 0's (the shared expert's comes last)
+        shared = a["K"] - a["slots"] * a["intermediate_size"]
+        return a["slots"] * weight_row_bytes(down) + shared * DTYPE_BYTES[down.dtype]
     ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5]}.get(op.opcode,
                                                                            [op.inputs[1]])
     # One format per op: a task's rows are all read by one variant of the kernel's dot product.

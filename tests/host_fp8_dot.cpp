@@ -4,11 +4,14 @@
 // The test extracts the kernel's FP8 section into fp8_extract.inc and compiles this file with
 // -DFP8_BLOCK_COLS=... and the CUDA include directory: cuda_fp8.h converts e4m3 on the host as
 // well, so the conversion is NVIDIA's, not a stand-in. The 32 lanes of a warp are threads;
-// warp_sum meets them at a barrier. Input on stdin, binary, per case: int32 k, begin, end, then
-// the packed row (ir/fp8.py: packed_row_bytes(k) bytes) and k float32 inputs. Output: one line
-// per case, the float32 bits of the warp's sum, or "lanes differ" if the lanes disagree.
+// warp_sum meets them at a barrier. Input on stdin, binary, per case: int32 k, begin, end, pieces,
+// then the packed row (pieces rows of k / pieces columns, each ir/fp8.py: packed_row_bytes bytes:
+// dot_segment_fp8 for one piece, dot_segment_fp8_pieces for a routed down row) and k float32
+// inputs. Output: one line per case, the float32 bits of the warp's sum, or "lanes differ" if
+// the lanes disagree.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +20,8 @@
 #include <thread>
 #include <vector>
 
+using std::max;
+using std::min;
 static std::barrier<> warp_barrier(32);
 static float lane_values[32];
 thread_local int this_lane;
@@ -34,10 +39,11 @@ static float warp_sum(float v) {
 #include "fp8_extract.inc"
 
 int main() {
-  int32_t head[3];
+  int32_t head[4];
   while (std::fread(head, sizeof head, 1, stdin) == 1) {
-    const int k = head[0], begin = head[1], end = head[2];
-    const int row_bytes = ((k + 4 * ((k + FP8_BLOCK_COLS - 1) / FP8_BLOCK_COLS)) + 15) / 16 * 16;
+    const int k = head[0], begin = head[1], end = head[2], pieces = head[3], pk = k / pieces;
+    const int piece_bytes = ((pk + 4 * ((pk + FP8_BLOCK_COLS - 1) / FP8_BLOCK_COLS)) + 15) / 16 * 16;
+    const int row_bytes = pieces * piece_bytes;
     // 16-byte aligned, as ring pages and the staged vector are
     std::vector<float4> row(row_bytes / 16), x((k + 3) / 4);
     if (std::fread(row.data(), 1, row_bytes, stdin) != static_cast<size_t>(row_bytes) ||
@@ -48,8 +54,10 @@ int main() {
     for (int lane = 0; lane < 32; ++lane)
       lanes.emplace_back([&, lane] {
         this_lane = lane;
-        got[lane] = dot_segment_fp8(reinterpret_cast<const uint8_t*>(row.data()), k,
-                                    reinterpret_cast<const float*>(x.data()), begin, end, lane);
+        const uint8_t* r = reinterpret_cast<const uint8_t*>(row.data());
+        const float* xs = reinterpret_cast<const float*>(x.data());
+        got[lane] = pieces == 1 ? dot_segment_fp8(r, k, xs, begin, end, lane)
+                                : dot_segment_fp8_pieces(r, pieces, piece_bytes, k / 8, xs, begin, end, lane);
       });
     for (auto& t : lanes) t.join();
     bool same = true;

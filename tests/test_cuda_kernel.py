@@ -334,7 +334,7 @@ def test_full_size_dsa_attention_matches_interpreter(tmp_path) -> None:
     test_token_loop_equals_single_steps(engine)
 
 
-FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b"]
+FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-moe-tiny"]
 
 
 @pytest.fixture(scope="module", params=FP8_MODELS)

@@ -72,9 +72,8 @@ def test_both_ways_to_ask_for_fp8_give_one_spec() -> None:
 
 
 @pytest.mark.parametrize(("name", "tp", "match"), [
-    ("deepseek-v3.2", 1, r"dense models \(llama, qwen3\) only, not yet with MoE and MLA layers "
-                         r"\(deepseek_v32\).*--weight-dtype bf16"),
-    ("qwen3-moe-tiny", 1, r"not yet with MoE layers \(qwen3_moe\)"),
+    ("deepseek-v3.2", 1, r"dense and Qwen3-MoE models only, not yet with MLA and shared "
+                         r"experts \(deepseek_v32\).*--weight-dtype bf16"),
     ("llama-3.1-8b", 2, r"--tp 1 only, not yet with --tp 2"),
 ])
 def test_what_fp8_does_not_cover_yet_is_refused_by_name(name: str, tp: int, match: str) -> None:
@@ -143,12 +142,12 @@ def test_task_table_names_each_tasks_weight_format() -> None:
     assert bf16["WEIGHT_FP8"] == 0 and "FP8_BLOCK_COLS" not in bf16
 
 
-@pytest.mark.parametrize("name", DENSE_TINY)
+@pytest.mark.parametrize("name", [*DENSE_TINY, "qwen3-moe-tiny"])
 def test_verifier_runs_fp8_tiny_models_against_the_interpreter(name: str) -> None:
     verify(make_program(fp8(name), max_seq_len=SEQ), "numeric")
 
 
-@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen3-8b"])
+@pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen3-8b", "qwen3-30b-a3b"])
 def test_full_size_fp8_schedules_are_sound(name: str) -> None:
     verify(make_program(fp8(name)), "structural")
 
@@ -292,7 +291,7 @@ def test_kernel_fp8_dot_product_is_float64_math(host_dot: Path, k: int) -> None:
     segments = {(0, k8), (0, 1), (k8 - 1, k8), (3, max(4, k8 - 2)), (k8 // 3, 2 * k8 // 3),
                 (5, min(k8, 5 + 16)), (7, min(k8, 7 + 64 + 5))}
     segments = sorted((b, e) for b, e in segments if 0 <= b < e <= k8)
-    stdin = b"".join(struct.pack("<3i", k, b, e) + packed + x.tobytes() for b, e in segments)
+    stdin = b"".join(struct.pack("<4i", k, b, e, 1) + packed + x.tobytes() for b, e in segments)
     out = subprocess.run([str(host_dot)], input=stdin, capture_output=True, check=True).stdout
     got = [np.uint32(int(line)).view(np.float32) for line in out.decode().split()]
     # e4m3 x fp32 scale, exact in float64
@@ -302,6 +301,29 @@ def test_kernel_fp8_dot_product_is_float64_math(host_dot: Path, k: int) -> None:
         want = terms.sum()
         # float32 products and sums: a few ulps of the largest partial sums
         assert abs(float(y) - want) <= 1e-6 * np.abs(terms).sum() + 1e-30, (b, e, float(y), want)
+
+
+@pytest.mark.parametrize("pieces, k", [(2, 64), (8, 768), (4, 200 * 4)])
+def test_kernel_fp8_dot_over_a_routed_rows_pieces_is_float64_math(host_dot: Path, pieces: int,
+                                                                  k: int) -> None:
+    """A routed down row is one FP8 row per slot side by side, each with its own scales: the
+    pieces' dot product over any segment of the whole row equals float64 math."""
+    gen = torch.Generator().manual_seed(pieces * k)
+    rows = [fp8_row(k // pieces, gen) for _ in range(pieces)]
+    packed = b"".join(pack_rows(q, s, 0, 1, (128, 128))[0].numpy().tobytes() for q, s in rows)
+    x = (torch.randn(k, generator=gen) * 3).numpy().astype(np.float32)
+    w = np.concatenate([(q.double() * expand_blocks(s.double(), (1, k // pieces), (128, 128)))[0]
+                        .numpy() for q, s in rows])
+    k8, pk8 = k // 8, k // 8 // pieces
+    segments = sorted({(0, k8), (0, pk8), (pk8 - 1, pk8 + 1), (1, k8 - 1), (pk8, 2 * pk8),
+                       (k8 // 3, 2 * k8 // 3)})
+    stdin = b"".join(struct.pack("<4i", k, b, e, pieces) + packed + x.tobytes()
+                     for b, e in segments)
+    out = subprocess.run([str(host_dot)], input=stdin, capture_output=True, check=True).stdout
+    got = [np.uint32(int(line)).view(np.float32) for line in out.decode().split()]
+    for (b, e), y in zip(segments, got, strict=True):
+        terms = w[8 * b:8 * e] * x[8 * b:8 * e].astype(np.float64)
+        assert abs(float(y) - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (b, e)
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -320,8 +342,8 @@ def test_compile_weight_dtype_fp8_writes_a_checked_artifact(tmp_path: Path) -> N
     assert "#define WEIGHT_FP8 1" in (out / "kernel.cu").read_text()
     fmt = {e["format"] for e in m["weights"]["layout"]}
     assert fmt == {"bf16", "fp8_e4m3"}
-    refused = CliRunner().invoke(main, ["compile", "qwen3-moe-tiny", "-o", str(tmp_path / "moe"),
+    refused = CliRunner().invoke(main, ["compile", "deepseek-v3-tiny", "-o", str(tmp_path / "ds"),
                                         "--weight-dtype", "fp8"])
-    assert refused.exit_code != 0 and "not yet with MoE layers" in refused.output
+    assert refused.exit_code != 0 and "not yet with MLA and shared experts" in refused.output
     explained = CliRunner().invoke(main, ["explain", "llama-tiny", "--weight-dtype", "fp8"])
     assert explained.exit_code == 0 and "FP8 rows" in explained.output

@@ -28,6 +28,7 @@ from tilertc.cli import main
 from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
 from tilertc.ir.weights import random_weights
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.program import ScheduleError
 
 TOOL = Path(__file__).parents[1] / "tools" / "check_artifact.py"
@@ -66,6 +67,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("qwen3-moe-tiny")
     result = CliRunner().invoke(main, ["compile", "qwen3-moe-tiny", "-o", str(out),
                                        "--max-seq-len", "64"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture(scope="module", params=["bf16", "fp8"])
+def tiny_any(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+             tiny: Path) -> Path:
+    """qwen3-moe-tiny with bf16 weights, and with FP8 e4m3 block-scaled ones."""
+    if request.param == "bf16":
+        return tiny
+    out = tmp_path_factory.mktemp("qwen3-moe-tiny-fp8")
+    result = CliRunner().invoke(main, ["compile", "qwen3-moe-tiny", "-o", str(out),
+                                       "--max-seq-len", "64", "--weight-dtype", "fp8"])
     assert result.exit_code == 0, result.output
     return out
 
@@ -200,14 +214,19 @@ def test_tilelang_backend_refuses_moe_experts() -> None:
         emit(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))
 
 
-def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(tiny: Path) -> None:
+def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(
+        tiny_any: Path) -> None:
     """The routed tasks of one layer done the way decode.cuh does them, from nothing but the
     task table, the act arena and the packed weights: the loader's addresses (w + expert x
     stride, a down row gathered from every slot's piece), the staged input (RMS-normalized for
-    gate/up; each slot's activations times its combine weight for down), the dot products and
-    the epilogues (silu_mul; the residual). The layer's output must be the interpreter's."""
-    col, m = columns(tiny)
+    gate/up; each slot's activations times its combine weight for down), the dot products (FP8:
+    each piece's values times its own block scales) and the epilogues (silu_mul; the residual).
+    The layer's output must be the interpreter's on the same (bf16 or FP8) weights."""
+    col, m = columns(tiny_any)
     spec = tilertc.load_spec("qwen3-moe-tiny")
+    fp8 = m["kernel"]["constants"]["WEIGHT_FP8"] == 1
+    if fp8:
+        spec = with_weight_dtype(spec, "fp8")
     weights = random_weights(tilertc.build_graph(spec, 64), seed=4)
     packed = pack_weights(m["weights"], weights, torch.device("cpu"))
     ref = tilertc.ir.interpreter.Interpreter(tilertc.build_graph(spec, 64), weights,
@@ -223,14 +242,24 @@ def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(tin
     act[ids["offset"]: ids["offset"] + ids["numel"]] = env["layers.0.moe.expert_ids"].int().view(
         torch.float32)
 
-    def rows(i: int, piece: int, n: int) -> torch.Tensor:
+    def values(raw: torch.Tensor, k: int) -> torch.Tensor:
+        """Rows of packed weight bytes [n, bytes] as fp32 values: bf16, or (FP8) k e4m3 values
+        then the fp32 scales of their FP8_BLOCK_COLS-column blocks."""
+        if not fp8:
+            return raw.contiguous().view(torch.bfloat16).float()
+        cols = m["kernel"]["constants"]["FP8_BLOCK_COLS"]
+        scales = raw[:, k:k + 4 * -(-k // cols)].contiguous().view(torch.float32)
+        return raw[:, :k].contiguous().view(torch.float8_e4m3fn).float() * scales.repeat_interleave(
+            cols, 1)[:, :k]
+
+    def rows(i: int, piece: int, n: int, k: int, halves: int = 1) -> torch.Tensor:
         """The task's rows as the loader fetches them: piece j of every row from the expert the
-        router put in slot slot0 + j."""
+        router put in slot slot0 + j; a piece holds `halves` rows of k columns (gate and up)."""
         base = ((int(col["w_hi"][i]) << 32) | (int(col["w_lo"][i]) & 0xFFFFFFFF)) * 16
         chosen = act[col["ids"][i] + col["slot0"][i]:][:col["slots"][i]].view(torch.int32)
         parts = [packed[base + int(e) * int(col["expert_stride"][i]) * 16:][:n * piece]
-                 .view(torch.bfloat16).float().reshape(n, -1) for e in chosen]
-        return torch.cat(parts, 1)
+                 .reshape(n * halves, piece // halves) for e in chosen]
+        return torch.cat([values(part, k).reshape(n, -1) for part in parts], 1)
 
     counters = m["counters"]
     for op, opcode in (("gate_up", "moe_gate_up"), ("down_proj", "moe_down_add")):
@@ -241,14 +270,15 @@ def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(tin
             if opcode == "moe_gate_up":
                 eps = np.array(col["eps"][i], dtype=np.int32).view(np.float32)
                 x = x * act[col["aux"][i]:][:k] * torch.rsqrt(x.square().mean() + float(eps))
-                w = rows(i, int(col["row_bytes"][i]), n)
+                w = rows(i, int(col["row_bytes"][i]), n, k, halves=2)
                 y = w[:, :k] @ x  # the epilogue decides whether a row is a gate/up pair
                 if col["epilogue"][i] == EPILOGUES["silu_mul"]:
                     y = torch.nn.functional.silu(y) * (w[:, k:] @ x)
             else:
                 slots = int(col["slots"][i])
                 x = x * act[col["aux2"][i]:][:slots].repeat_interleave(k // slots)
-                y = rows(i, int(col["row_bytes"][i]) // slots, n) @ x + act[col["aux"][i] + r0:][:n]
+                y = (rows(i, int(col["row_bytes"][i]) // slots, n, k // slots) @ x
+                     + act[col["aux"][i] + r0:][:n])
             act[col["out"][i] + r0:][:n] = y
     out = m["buffers"]["layers.0.x.ffn"]
     got = act[out["offset"]: out["offset"] + out["numel"]]

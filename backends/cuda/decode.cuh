@@ -972,6 +972,19 @@ __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, cons
   return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k)},
                     x, begin, end, lane);
 }
+
+// An FP8 routed down row (MoE): one piece per slot (a row of that slot's expert: its values, then
+// its own scales), k8 / pieces groups of 8 columns each; [begin, end) counts groups over the row.
+__device__ float dot_segment_fp8_pieces(const uint8_t* row, int pieces, int piece_bytes, int k8, const float* x,
+                                        int begin, int end, int lane) {
+  const int pk8 = k8 / pieces;
+  float y = 0.f;
+  for (int j = 0; j < pieces; ++j) {
+    const int lo = max(begin, j * pk8), hi = min(end, (j + 1) * pk8);
+    if (lo < hi) y += dot_segment_fp8(row + j * piece_bytes, 8 * pk8, x + 8 * j * pk8, lo - j * pk8, hi - j * pk8, lane);
+  }
+  return y;
+}
 #endif
 
 // Every lane of the page's warp group arrives on the slot's `empty` barrier once it has read the
@@ -1044,7 +1057,12 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
       const float* x = s.vec;
 #endif
       for (int h = 0; h < halves; ++h) {
-#if WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
+#if WEIGHT_FP8 && MOE  // a routed down row's pieces each carry their own scales
+        const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
+                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], rb / t[F_SLOTS], k8, x, begin, end, lane)
+                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane);
+#elif WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
         const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane)
                             : dot_segment(w + h * k8, x, begin, end, lane);
 #else
