@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import SEQ, host_step, small
+from test_mla_kernel import SEQ, assert_step_matches, host_step, small
 from test_moe_kernel import TOOL, columns, router_constants
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
@@ -206,12 +206,4 @@ def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
         assert bufs[ids].view(torch.int32).tolist() == env[ids][0].tolist(), ids
         w = f"layers.{layer}.moe.expert_weights"
         assert torch.allclose(bufs[w], env[w][0], rtol=1e-5, atol=1e-7), w
-    for layer in range(spec.num_layers):
-        for name in ("x.attn", "x.ffn"):
-            key = f"layers.{layer}.{name}"
-            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
-            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
-                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
-    logits = env["logits"][0]
-    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
-    assert got_tok == int(bufs["logits"].argmax())
+    assert_step_matches(bufs, env, got_tok, spec.num_layers, ("x.attn", "x.ffn"))

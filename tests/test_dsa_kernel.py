@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import SEQ, build_step_harness, host_step, small
+from test_mla_kernel import SEQ, assert_step_matches, build_step_harness, host_step, small
 from test_moe_kernel import TOOL, columns
 
 import tilertc
@@ -208,12 +208,4 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
                               atol=1e-3 * float(want.abs().max())), cache
         assert torch.equal(rows[:prefill].float(), env[cache][:prefill].float())
         assert not rows[n:].float().any(), "rows past the step were written"
-    for layer in range(spec.num_layers):
-        for part in ("o_latent", "x.attn", "x.ffn"):
-            key = f"layers.{layer}.{part}"
-            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
-            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
-                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
-    logits = env["logits"][0]
-    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
-    assert got_tok == int(bufs["logits"].argmax())
+    assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent", "x.attn", "x.ffn"))

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from kernel_source import KernelSource
 from test_fp8_kernel import needs_nvcc
 from test_moe_kernel import TOOL, columns
 from test_sampling import HARNESS
@@ -125,27 +126,14 @@ def step_source() -> str:
     shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), and
     everything compute runs for a task (the sampling section through the MLA section:
     matrix-vector tasks, embedding, sampler, MoE router, MLA)."""
-    src = codegen.LIBRARY.read_text()
-
-    def definition(start: str) -> str:
-        at = src.index(start)
-        return src[at:src.index("\n}", at) + 2] + (";\n" if start.startswith("struct") else "\n")
-
-    def line(start: str) -> str:
-        at = src.index(start)
-        return src[at:src.index("\n", at) + 1]
-
-    enums = src.index("enum Opcode")
+    k = KernelSource()
     return "\n".join([
-        src[enums:src.index("\n", src.index("enum ErrorCode"))],
-        definition("__device__ __forceinline__ float warp_sum"),
-        definition("__device__ __forceinline__ float warp_max"),
-        definition("struct Shared {"),
-        *(definition(f"__device__ __forceinline__ bool {f}(const int* t)")
+        *k.prelude(),
+        *(k.definition(f"__device__ __forceinline__ bool {f}(const int* t)")
           for f in ("has_weights", "normed", "adds_residual")),
-        line("__device__ __forceinline__ int rows_per_page"),
-        src[src.index("#if MOE\n// A routed task's row"):src.index("// Waits until ring slot")],
-        src[src.index("// ---- sampling"):src.index("// ---- compute warps")],
+        k.line("__device__ __forceinline__ int rows_per_page"),
+        k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
+        k.between("// ---- sampling", "// ---- compute warps"),
     ])
 
 
@@ -201,6 +189,21 @@ def coverage(program: Program, pos: int) -> dict[str, object]:
             "groups": attn["n_heads"] // attn["tile"]["heads_per_task"]}
 
 
+def assert_step_matches(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tensor],
+                        token: int, layers: int, parts: tuple[str, ...]) -> None:
+    """A host step's per-layer activations `parts` (to 1e-4 of each one's largest value), its
+    logits and its token against the interpreter's."""
+    for layer in range(layers):
+        for name in parts:
+            key = f"layers.{layer}.{name}"
+            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
+                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
+    logits = env["logits"][0]
+    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+    assert token == int(bufs["logits"].argmax())
+
+
 def host_step(tmp: Path, program: Program, weights: dict[str, torch.Tensor], prompt: torch.Tensor,
               token: int) -> tuple[int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
     """The step at position len(prompt) done by the harness, after the interpreter prefilled
@@ -254,19 +257,13 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, overrides: 
     prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
     token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
     got_tok, bufs, env, m = host_step(tmp_path, program, weights, prompt, token)
+    assert_step_matches(bufs, env, got_tok, spec.num_layers,
+                        ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"))
     width = m["kv_cache"]["width"]
     for layer in range(spec.num_layers):
-        for name in ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"):
-            key = f"layers.{layer}.{name}"
-            want, tol = env[key][0], 1e-4 * float(env[key][0].abs().max())
-            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
-                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
         cache = f"layers.{layer}.kv_latent_cache"
         row = bufs[cache].view(-1, width)[prefill].float()
         want = env[cache][prefill].float()  # bf16: one rounding step apart at most
         assert torch.allclose(row, want, rtol=1e-2, atol=1e-3 * float(want.abs().max())), cache
         assert torch.equal(bufs[cache].view(-1, width)[:prefill].float(),
                            env[cache][:prefill].float()), "the prefilled rows changed"
-    logits = env["logits"][0]
-    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
-    assert got_tok == int(bufs["logits"].argmax())

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kernel_source import KernelSource
 
 from tilertc.ir.sampling import (
     K_MAX,
@@ -374,30 +375,13 @@ def kernel_source() -> str:
     """What tests/host_kernel.cpp runs of decode.cuh: the task table and parameters, the
     shared-memory struct, warp_sum and warp_max, the sampling section and the sampler's entry
     points, and the MoE router (compiled when MOE is 1)."""
-    from tilertc.backends.cuda.codegen import LIBRARY
-
-    src = LIBRARY.read_text()
-
-    def between(start: str, end: str) -> str:
-        return src[src.index(start):src.index(end)]
-
-    def definition(start: str) -> str:
-        at = src.index(start)
-        return src[at:src.index("\n}", at) + 2] + (";\n" if start.startswith("struct") else "\n")
-
-    enums = src.index("enum Opcode")
+    k = KernelSource()
     return "\n".join([
-        src[enums:src.index("\n", src.index("enum ErrorCode"))],
-        definition("__device__ __forceinline__ float warp_sum"),
-        definition("__device__ __forceinline__ float warp_max"),
-        definition("struct Shared {"),
-        between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
-        definition("__device__ void cta_best"),
-        definition("__device__ void write_best"),
-        definition("__device__ void sample_lm_head"),
-        definition("__device__ void publish_token"),
-        definition("__device__ void run_argmax"),
-        between("#if MOE\n// ---- compute: the MoE router", "// ---- compute warps"),
+        *k.prelude(),
+        k.between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
+        *(k.definition(f"__device__ void {f}")
+          for f in ("cta_best", "write_best", "sample_lm_head", "publish_token", "run_argmax")),
+        k.between("#if MOE\n// ---- compute: the MoE router", "// ---- compute warps"),
     ])
 
 
