@@ -286,3 +286,26 @@ def test_packed_weights_follow_the_task_table(tmp_path: Path) -> None:
         assert len(rows) * rows[0].numel() * 2 == (t[f["row1"]] - t[f["row0"]]) * t[f["row_bytes"]]
         streamed += 1
     assert streamed == len(entries)
+
+
+# -- variants for kernel experiments (tools/kernel_variant.py) ----------------------------------
+def test_kernel_variant_is_a_checked_artifact_with_the_edited_source(built: Path,
+                                                                      tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    tool = Path(__file__).parents[1] / "tools" / "kernel_variant.py"
+    out = tmp_path / "variant"
+    bounds = "__launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)"  # 2 CTAs per SM: fewer registers
+    run = subprocess.run([sys.executable, str(tool), str(built), str(out), "--define",
+                          "EXPERIMENT=3", "--replace", bounds, bounds.replace("1)", "2)")],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    source = (out / "kernel.cu").read_text()
+    assert source.startswith("#define EXPERIMENT 3\n") and bounds.replace("1)", "2)") in source
+    assert (out / "kernel.cubin").read_bytes() != (built / "kernel.cubin").read_bytes()
+    m = check_artifact(out)  # the rebuilt cubin's hash was recorded
+    assert m["model"]["spec_hash"] == check_artifact(built)["model"]["spec_hash"]
+    missing = subprocess.run([sys.executable, str(tool), str(built), str(tmp_path / "v2"),
+                              "--replace", "no such text", "x"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "is not in" in missing.stderr
