@@ -329,12 +329,12 @@ constexpr int KV_KEYS_PER_PAGE = PAGE_BYTES / (2 * KV_ROW_BYTES);
 static_assert(KV_KEYS_PER_PAGE >= 1, "a ring page holds at least one key and its value");
 
 struct KvChunk {
-  long long k0, k1, past;  // the chunk's keys [k0, k1); its keys before this step's position
+  long long k0, past;  // the chunk's first key; its keys before this step's position
 };
 __device__ __forceinline__ KvChunk kv_chunk(const int* t, long long pos) {
   const long long n = pos + 1, chunks = t[F_COUNT], c = t[F_CHUNK];
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
-  return {k0, k1, max(0LL, min(k1, pos) - k0)};
+  return {k0, max(0LL, min(k1, pos) - k0)};
 }
 
 // The cache rows were written by other SMs in earlier steps (generic proxy) and are read here
