@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import SEQ, assert_step_matches, host_step, small
+from test_mla_kernel import assert_step_matches, random_host_step, small
 from test_moe_kernel import TOOL, columns, router_constants
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
@@ -31,7 +31,6 @@ from tilertc.driver import CompileOptions, compile
 from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
 from tilertc.ir.weights import random_weights
-from tilertc.passes.pipeline import make_program
 
 
 def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
@@ -193,12 +192,7 @@ def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
     cache as the kernel's): every MoE layer's expert ids exactly and combine weights, every
     layer's residual stream, the logits and the token."""
     spec = tilertc.load_spec("deepseek-v3-tiny", overrides=overrides)
-    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
-    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
-    gen = torch.Generator().manual_seed(prefill)
-    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
-    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
-    got_tok, bufs, env, _ = host_step(tmp_path, program, weights, prompt, token)
+    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, target, prefill)
     moe_layers = [op.layer for op in program.graph.ops() if op.opcode == "moe_topk"]
     assert moe_layers == [1, 2]
     for layer in moe_layers:

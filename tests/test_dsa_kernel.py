@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import SEQ, assert_step_matches, build_step_harness, host_step, small
+from test_mla_kernel import assert_step_matches, build_step_harness, random_host_step, small
 from test_moe_kernel import TOOL, columns
 
 import tilertc
@@ -36,7 +36,6 @@ from tilertc.backends.cuda.encode import (
 from tilertc.driver import CompileOptions, compile
 from tilertc.ir import dsa  # noqa: F401  (registers the DSA opcodes' semantics)
 from tilertc.ir.interpreter import SEMANTICS
-from tilertc.ir.weights import random_weights
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import ScheduleError
@@ -183,12 +182,7 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
     step) and untouched prefilled rows; every layer's attention output and residuals; the
     logits and the token."""
     spec = dsa_tiny(name, **overrides)
-    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
-    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
-    gen = torch.Generator().manual_seed(prefill)
-    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
-    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
-    got_tok, bufs, env, m = host_step(tmp_path, program, weights, prompt, token)
+    program, got_tok, bufs, env, m = random_host_step(tmp_path, spec, target, prefill)
     n, k = prefill + 1, spec.indexer.topk
     indexers = [i for i in range(spec.num_layers) if spec.indexer.runs_indexer(i)]
     assert indexers == ([0, 1] if name == "glm-5-tiny" else [0, 1, 2])

@@ -189,6 +189,19 @@ def coverage(program: Program, pos: int) -> dict[str, object]:
             "groups": attn["n_heads"] // attn["tile"]["heads_per_task"]}
 
 
+def random_host_step(tmp: Path, spec: ModelSpec, target: Any, prefill: int) -> tuple[
+        Program, int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """`host_step` of `spec` scheduled for `target` with 4 compute warps, on random weights, a
+    random `prefill`-token prompt and a random next token (all seeded by `prefill`); returns
+    the program too."""
+    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
+    gen = torch.Generator().manual_seed(prefill)
+    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
+    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    return program, *host_step(tmp, program, weights, prompt, token)
+
+
 def assert_step_matches(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tensor],
                         token: int, layers: int, parts: tuple[str, ...]) -> None:
     """A host step's per-layer activations `parts` (to 1e-4 of each one's largest value), its
@@ -250,13 +263,8 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, overrides: 
     latent output, the expanded heads and the residual stream, the appended cache row, and
     the logits and token."""
     spec = mla_tiny(**overrides)
-    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    program, got_tok, bufs, env, m = random_host_step(tmp_path, spec, target, prefill)
     assert coverage(program, prefill) == covers
-    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
-    gen = torch.Generator().manual_seed(prefill)
-    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
-    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
-    got_tok, bufs, env, m = host_step(tmp_path, program, weights, prompt, token)
     assert_step_matches(bufs, env, got_tok, spec.num_layers,
                         ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"))
     width = m["kv_cache"]["width"]
