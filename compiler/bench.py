@@ -243,13 +243,11 @@ def free_gpu() -> None:
 
 def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: int) -> GateReport:
     """The kernel, the interpreter and the kernel-per-op baseline over one short greedy run."""
-    from tilertc.ir.interpreter import Interpreter
-
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, engine.spec.vocab_size, (GATE_PROMPT,), generator=gen)
     engine.position = 0
     engine.prefill(prompt[:-1])
-    ref = Interpreter(engine.graph, engine.weights, engine.device)
+    ref = engine.reference()
     ref.run(prompt[:-1], torch.arange(GATE_PROMPT - 1))
     token, tokens, got, want = int(prompt[-1]), [], [], []
     for i in range(GATE_STEPS):

@@ -352,13 +352,22 @@ class Engine:
         """Fill the KV cache for `input_ids` with the interpreter on the GPU; returns its logits."""
         ids = torch.as_tensor(input_ids, dtype=torch.long).reshape(-1)
         check_capacity(self.position, ids.numel(), 0, self.max_seq_len)
-        if self._interp is None:
-            self._interp = Interpreter(self.graph, self.weights, self.device)
         pos = torch.arange(self.position, self.position + ids.numel())
-        env = self._interp.run(ids, pos)
+        env = self._prefill_interpreter().run(ids, pos)
         self._copy_cache(pos)
         self.position += ids.numel()
         return env["logits"]
+
+    def _prefill_interpreter(self) -> Interpreter:
+        if self._interp is None:
+            self._interp = Interpreter(self.graph, self.weights, self.device)
+        return self._interp
+
+    def reference(self, cache_dtype: torch.dtype | None = None) -> Interpreter:
+        """The interpreter over the engine's weights on its GPU, with an empty KV cache (float32,
+        or `cache_dtype`): what the kernel is checked against. It shares the weights the
+        prefill interpreter put on the device."""
+        return self._prefill_interpreter().fresh(cache_dtype)
 
     def _copy_cache(self, pos: torch.Tensor) -> None:
         copy_cache(self.m, self._interp.state, pos, self.kv)

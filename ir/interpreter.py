@@ -11,6 +11,7 @@ inputs are torch tensors with a leading token dimension for activations.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -190,12 +191,22 @@ class Interpreter:
         for t in graph.weights():
             if t.name not in self.scales:
                 self.params[t.name] = self.weight_value(t, weights).to(self.device)
-        cache_dtype = cache_dtype or dtype
-        self.state = {t.name: torch.zeros(t.shape, dtype=cache_dtype, device=self.device)
-                      for t in graph.tensors.values() if t.kind is TensorKind.KV_CACHE}
+        self.state = self._empty_state(cache_dtype)
         unknown = sorted({op.opcode for op in graph.ops()} - SEMANTICS.keys())
         if unknown:
             raise NotImplementedError(f"no interpreter semantics for opcodes {unknown}")
+
+    def _empty_state(self, cache_dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        return {t.name: torch.zeros(t.shape, dtype=cache_dtype or self.dtype, device=self.device)
+                for t in self.graph.tensors.values() if t.kind is TensorKind.KV_CACHE}
+
+    def fresh(self, cache_dtype: torch.dtype | None = None) -> Interpreter:
+        """Another interpreter over the same weights with an empty cache (in `cache_dtype`, else
+        the compute dtype). It shares the weights already on the device rather than copying
+        them: a second copy of a 30B model's does not fit beside the kernel's packed one."""
+        other = copy.copy(self)
+        other.state = self._empty_state(cache_dtype)
+        return other
 
     def weight_value(self, t: Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         """Weight `t` as the model means it: FP8 weights dequantized with their block scales."""

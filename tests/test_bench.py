@@ -512,6 +512,9 @@ class InterpreterEngine:
         self.position, self.steps, self.corrupt_step = 0, 0, corrupt_step
         self.prefills: list[int] = []
 
+    def reference(self):
+        return self.interp.fresh()
+
     def prefill(self, ids: torch.Tensor) -> None:
         self.interp.run(ids, torch.arange(self.position, self.position + ids.numel()))
         self.position += ids.numel()

@@ -44,7 +44,6 @@ import torch
 import tilertc
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import Engine
-from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.sampling import SamplingParams, sample
 
 pytestmark = pytest.mark.gpu
@@ -109,11 +108,11 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
     feed = torch.randint(0, vocab, (steps,), generator=gen)
     engine.position = 0
     engine.prefill(prompt)
-    ref = Interpreter(engine.graph, engine.weights, engine.device, cache_dtype=cache_dtype)
+    ref = engine.reference(cache_dtype)
     if cache_dtype is None:
         ref.run(prompt, torch.arange(prefill))
     else:
-        full = Interpreter(engine.graph, engine.weights, engine.device)
+        full = engine.reference()
         full.run(prompt, torch.arange(prefill))
         for name, cache in ref.state.items():
             cache.copy_(full.state[name])
@@ -125,11 +124,19 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
 def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
     """The kernel's logits step by step against the interpreter's with the engine's weights
     (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32). With a
-    DSA indexer the interpreter keeps its caches in bf16 as the kernel does: the selection is
-    discontinuous in the scores, and a float32 cache moves them enough to swap tokens."""
-    errs, agree, checked = [], 0, 0
-    cache = torch.bfloat16 if engine.spec.indexer else None
+    DSA indexer or MoE the interpreter keeps its caches in bf16 as the kernel does: the
+    selection and the routing are discontinuous in their scores, and a float32 cache moves them
+    enough to swap tokens or experts. A step at which the kernel routed differently from the
+    interpreter (only allowed within a tie, `routed_as_interpreter`) has different logits by
+    design and is not compared; at most a tenth of the steps may be such."""
+    errs, agree, checked, tied = [], 0, 0, 0
+    routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
+    cache = torch.bfloat16 if engine.spec.indexer or routers else None
     for i, got_tok, got, env in forced_steps(engine, 7, cache, prefill, steps):
+        assert got_tok == int(got.argmax()), "the kernel's token is not the argmax of its logits"
+        if not all(routed_as_interpreter(engine, routers, env, i)):
+            tied += 1
+            continue
         want = env["logits"][0]
         errs.append(rel_err(got, want))
         top2 = want.topk(2).values
@@ -137,7 +144,7 @@ def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = ST
             checked += 1
             agree += int(got_tok == int(want.argmax()))
             assert got_tok == int(want.argmax()), f"step {i}: greedy token differs"
-        assert got_tok == int(got.argmax()), "the kernel's token is not the argmax of its logits"
+    assert tied <= steps // 10, f"{tied} of {steps} steps routed differently within a tie"
     assert max(errs) <= 2e-2, f"max relative error {max(errs):.3g} (median {np.median(errs):.3g})"
     assert checked >= steps // 4, "too few steps with a clear top-2 margin to check greedy tokens"
 
@@ -193,31 +200,39 @@ def selection_values(engine: Engine, op, env: dict[str, torch.Tensor]
     return choice, grouped.topk(2, -1).values.sum(-1).repeat_interleave(grouped.shape[1])
 
 
+def routed_as_interpreter(engine: Engine, routers: list, env: dict[str, torch.Tensor],
+                          step: int) -> list[bool]:
+    """Per router of the last step: whether its expert ids (best first) are the interpreter's,
+    and then its combine weights too, to fp32 rounding. Where they differ, the interpreter's own
+    selection values (or, for group-limited routing, the scores of the two experts' groups) at
+    the first place they differ must be within rounding of a tie."""
+    routing, same = engine.routing(), []
+    for op in routers:
+        got, got_w = routing[op.layer]
+        want = env[op.outputs[0]][0].tolist()
+        same.append(got == want)
+        if got == want:
+            assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
+            continue
+        choice, group = selection_values(engine, op, env)
+        place = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
+        e, f = got[place], want[place]
+        close = min(abs(float(v[e] - v[f])) for v in (choice, group) if v is not None)
+        assert close <= ROUTING_TIE, (
+            f"step {step}, layer {op.layer}: kernel experts {got}, interpreter {want} "
+            f"(selection values differ by {close:.3g})")
+    return same
+
+
 def check_routing(engine: Engine, steps: int = STEPS) -> None:
-    """Teacher-forced steps: after each, every layer's expert ids (best first) are the
-    interpreter's, except where the interpreter's own selection values (or, for group-limited
-    routing, the scores of the two experts' groups) are within rounding of a tie at a place
-    where they differ; the combine weights agree to fp32 rounding. The interpreter keeps its KV
-    cache in bf16 as the kernel does, so that the two routers see the same hidden state up to
-    summation order, not up to the cache's rounding."""
+    """Teacher-forced steps: after each, every layer's routing is the interpreter's but for
+    ties (`routed_as_interpreter`). The interpreter keeps its KV cache in bf16 as the kernel
+    does, so that the two routers see the same hidden state up to summation order, not up to
+    the cache's rounding."""
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
     compared = 0
     for i, _, _, env in forced_steps(engine, 17, torch.bfloat16, steps=steps):
-        routing = engine.routing()
-        for op in routers:
-            got, got_w = routing[op.layer]
-            want = env[op.outputs[0]][0].tolist()
-            if got != want:
-                choice, group = selection_values(engine, op, env)
-                place = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-                e, f = got[place], want[place]
-                close = min(abs(float(v[e] - v[f])) for v in (choice, group) if v is not None)
-                assert close <= ROUTING_TIE, (
-                    f"step {i}, layer {op.layer}: kernel experts {got}, interpreter {want} "
-                    f"(selection values differ by {close:.3g})")
-                continue
-            compared += 1
-            assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
+        compared += sum(routed_as_interpreter(engine, routers, env, i))
     assert compared >= 0.9 * steps * len(routers), "too many routing decisions within a tie"
 
 

@@ -182,3 +182,24 @@ def test_graph_is_deterministic(case):
     name, overrides = CASES[case]
     spec = load_spec(name, overrides)
     assert build_graph(spec, 32).to_json() == build_graph(spec, 32).to_json()
+
+
+def test_fresh_interpreter_shares_the_weights_and_starts_from_an_empty_cache():
+    """`Interpreter.fresh` (what the engine's reference is): the same weight tensors, not a
+    copy; a zeroed cache of its own, in the dtype asked for; and the same logits as an
+    interpreter built from the checkpoint for the same tokens."""
+    from tilertc.ir.weights import random_weights
+
+    spec = load_spec("llama-tiny")
+    graph = build_graph(spec, 32)
+    weights = random_weights(graph, seed=3)
+    first = interpreter.Interpreter(graph, weights)
+    tokens = torch.randint(0, spec.vocab_size, (5,), generator=torch.Generator().manual_seed(4))
+    first.run(tokens, torch.arange(5))
+    other = first.fresh(torch.bfloat16)
+    assert other.params is first.params
+    assert all(other.state[n].dtype == torch.bfloat16 and not other.state[n].any()
+               and first.state[n].any() for n in first.state)
+    again = first.fresh()
+    want = interpreter.Interpreter(graph, weights).run(tokens, torch.arange(5))["logits"]
+    assert torch.equal(again.run(tokens, torch.arange(5))["logits"], want)
