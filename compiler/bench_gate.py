@@ -21,6 +21,7 @@ import torch
 
 REL_TOL = 2e-2  # max ||kernel - interpreter|| / ||interpreter|| per step
 MARGIN = 2e-2  # a top-2 gap above this share of max |logit| is clear of bf16 noise
+MIN_CLEAR_STEPS = 4  # greedy tokens must be checked at this many clear steps at least
 
 
 class GateFailure(RuntimeError):
@@ -87,7 +88,7 @@ def check_decode(kernel_logits: torch.Tensor, reference_logits: torch.Tensor,
         elif clear[i] and tok != want[i]:
             problems.append(f"step {i}: the kernel chose token {tok}, the interpreter {want[i]} "
                             "with a clear top-2 margin")
-    if sum(clear) < max(1, len(errs) // 4):
+    if sum(clear) < min(MIN_CLEAR_STEPS, len(errs)):
         problems.append(f"only {sum(clear)} of {len(errs)} steps have a clear top-2 margin: too "
                         "few to check greedy tokens (use weights with sharper logits)")
     if baseline_tokens is not None:

@@ -34,7 +34,7 @@ from tilertc.bench import (
     resolve_artifacts,
     run_gate,
 )
-from tilertc.bench_gate import GateFailure, check_decode, clear_margins
+from tilertc.bench_gate import MIN_CLEAR_STEPS, GateFailure, check_decode, clear_margins
 from tilertc.bench_report import (
     BenchReport,
     Prediction,
@@ -559,3 +559,45 @@ def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> Non
     timing = bench.time_kernel(engine, prompt, 6, bench.quiet_phase)
     assert engine.prefills == [16, 16, 7] and engine.position == 39
     assert timing.tokens == 5 and 0 < timing.ms_median <= timing.ms_p90
+
+
+
+def flat_logits(step: int, vocab: int) -> torch.Tensor:
+    """A near tie between tokens 0 and 1, clearly won by token 1 at every sixth step only, as
+    random weights over a large vocabulary give."""
+    logits = torch.zeros(1, vocab)
+    logits[0, :2] = 1.0
+    logits[0, 1] += float(step % 6 == 0)
+    return logits
+
+
+class FlatLogitsEngine(InterpreterEngine):
+    """Kernel and reference agree, and only every sixth step has a clear margin."""
+
+    def step(self, token: int) -> tuple[int, torch.Tensor]:
+        logits = flat_logits(self.steps, self.spec.vocab_size)[0]
+        self.position += 1
+        self.steps += 1
+        return int(logits.argmax()), logits
+
+    def reference(self):
+        engine = self
+
+        class Reference:
+            steps = 0
+
+            def run(self, tokens: torch.Tensor, _positions: torch.Tensor):
+                if tokens.numel() > 1:  # the prefill
+                    return {}
+                self.steps += 1
+                return {"logits": flat_logits(self.steps - 1, engine.spec.vocab_size)}
+
+        return Reference()
+
+
+def test_gate_decodes_on_until_enough_steps_have_a_clear_margin() -> None:
+    """Steps 0, 6 and 12 of the first GATE_STEPS are clear: the gate decodes on to step 18, the
+    fourth clear one, and judges all 19 steps."""
+    engine = FlatLogitsEngine("llama-tiny")
+    report = run_gate(engine, engine.weights, "cpu", seed=0)
+    assert report.clear_steps == MIN_CLEAR_STEPS and report.steps == 19
