@@ -330,7 +330,8 @@ def run_bench(config: BenchConfig,
         check_capacity(0, context, gen, m["max_seq_len"])
     with phase("loading the weights"):
         weights = (load_state_dict(config.weights) if config.weights else
-                   random_weights(build_graph(spec, m["max_seq_len"]), seed=config.seed))
+                   random_weights(build_graph(spec, m["max_seq_len"]), seed=config.seed,
+                                  device=config.device))
     with phase("measuring the bandwidth ceiling"):
         ceiling = baselines.bandwidth_ceiling(1 << 30, config.device)
     prompts = [torch.randint(0, spec.vocab_size, (context,),

@@ -33,9 +33,14 @@ def load_state_dict(source: WeightSource) -> dict[str, torch.Tensor]:
 
 
 def random_weights(
-    graph, seed: int = 0, dtype: torch.dtype = torch.bfloat16, std: float = 0.02
+    graph, seed: int = 0, dtype: torch.dtype = torch.bfloat16, std: float = 0.02,
+    device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """Random weights for every weight tensor of `graph`, by Hugging Face name.
+    """Random weights for every weight tensor of `graph`, by Hugging Face name, on the CPU.
+
+    They are drawn on `device` (a GPU draws a 30B model's in seconds, the CPU in minutes; the
+    values then depend on the device's generator as well as on `seed`) and returned on the
+    CPU, where checkpoints live.
 
     Norm weights are drawn around 1 and biases around 0 so that activations stay in range
     through many layers, as in a trained model. FP8 weights are drawn the same way, then
@@ -44,20 +49,20 @@ def random_weights(
     stay fp32, so that they pass the engine's weight checks.
     """
     ue8m0 = graph.attrs.get("weight_format", {}).get("scale_fmt") == "ue8m0"
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device).manual_seed(seed)
     out: dict[str, torch.Tensor] = {}
     for t in graph.weights():
         if t.hf_name in out:
             continue
         if len(t.shape) == 1 and "norm" in t.hf_name:
-            w = 1.0 + 0.1 * torch.randn(t.shape, generator=gen)
+            w = 1.0 + 0.1 * torch.randn(t.shape, generator=gen, device=device)
         else:
-            w = std * torch.randn(t.shape, generator=gen)
+            w = std * torch.randn(t.shape, generator=gen, device=device)
         if "scale_inv" in t.attrs:
             scale_name = graph.tensors[t.attrs["scale_inv"]].hf_name
-            out[t.hf_name], out[scale_name] = quantize(w, tuple(t.attrs["block"]), ue8m0)
+            out[t.hf_name], out[scale_name] = quantize(w.cpu(), tuple(t.attrs["block"]), ue8m0)
         else:
-            out[t.hf_name] = w.to(torch.float32 if t.dtype == "fp32" else dtype)
+            out[t.hf_name] = w.to(torch.float32 if t.dtype == "fp32" else dtype).cpu()
     return out
 
 
