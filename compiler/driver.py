@@ -133,6 +133,19 @@ def _kv_cache(program: Program) -> dict[str, Any]:
             "layers": {str(op.layer): {"k": op.inputs[-2], "v": op.inputs[-1]} for op in attn}}
 
 
+def _tp_record(program: Program) -> dict[str, Any]:
+    """The ranks, and how each rank's weights are cut from the checkpoint's (passes/sharding.py):
+    for every sharded weight (by its checkpoint name), the axis and the size of one rank's
+    part. A part smaller than 1/tp of the tensor (KV heads replicated over ranks) is shared by
+    tp x rows / full consecutive ranks. Every other weight is whole on every rank."""
+    shards = {}
+    for t in program.graph.tensors.values():
+        if "shard" in t.attrs and t.hf_name:
+            axis = t.attrs["shard"]["axis"]
+            shards[t.hf_name] = {"axis": axis, "size": t.shape[axis]}
+    return {"tp": program.tp, "shards": shards}
+
+
 def manifest(program: Program, options: CompileOptions, consts: dict[str, object],
              ptxas: dict[str, int], cubin_sha: str) -> dict[str, Any]:
     from tilertc import __version__
@@ -164,7 +177,9 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
         "logits": "logits",
         "counters": [c.name for c in program.counters],
         "sampler_counter": next(i for i, c in enumerate(program.counters)
-                                if program.graph.op(c.name).opcode == "argmax"),
+                                if c.name in program.graph.nx
+                                and program.graph.op(c.name).opcode == "argmax"),
+        "tp": _tp_record(program),
         "weights": {"packed_bytes": program.config["packed_weight_bytes"],
                     "layout": _weight_layout(program)},
         "task_fields": list(encode.fields(program)),

@@ -180,6 +180,27 @@ class Sharder:
             self.allreduce_after.append(producer.name)
 
 
+EXCHANGE_OPCODES = ("matvec_add", "moe_down_add")
+
+
+def exchange_ops(program: Program) -> list[Op]:
+    """The fused ops that end in an all-reduce: the residual adds whose other input is a
+    per-rank partial sum (`allreduce_after`), fused with that sum's producer. Each such op's
+    tasks exchange their partial rows with the other ranks before adding the residual
+    (passes/synchronization.py)."""
+    after = set(program.config.get("sharding", {}).get("allreduce_after", ()))
+    if program.tp == 1 or not after:
+        return []
+    ops = [op for op in program.graph.ops() if op.opcode in EXCHANGE_OPCODES
+           and after & set(op.attrs.get("fused_from", ()))]
+    covered = {name for op in ops for name in op.attrs["fused_from"]} & after
+    if covered != after:
+        raise ScheduleError(f"--tp {program.tp}: the all-reduce after "
+                            f"{sorted(after - covered)[0]!r} is not fused into a residual add "
+                            f"({' or '.join(EXCHANGE_OPCODES)})")
+    return ops
+
+
 def shard(program: Program) -> Program:
     tp = program.tp
     if tp < 1:
