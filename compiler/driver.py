@@ -25,7 +25,7 @@ from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.fusion_mla import MLA_DIMS
 from tilertc.passes.packing import expert_weights, static_bytes
 from tilertc.passes.pipeline import make_program
-from tilertc.passes.program import Program
+from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import rope_dim
 from tilertc.passes.tiling import weight_row_bytes
 
@@ -135,14 +135,16 @@ def _kv_cache(program: Program) -> dict[str, Any]:
 
 def _tp_record(program: Program) -> dict[str, Any]:
     """The ranks, and how each rank's weights are cut from the checkpoint's (passes/sharding.py):
-    for every sharded weight (by its checkpoint name), the axis and the size of one rank's
-    part. A part smaller than 1/tp of the tensor (KV heads replicated over ranks) is shared by
-    tp x rows / full consecutive ranks. Every other weight is whole on every rank."""
-    shards = {}
+    for every sharded weight (by its checkpoint name), the axis and the number of equal parts
+    it is cut into; rank r holds part r x parts // tp (fewer parts than ranks: KV heads
+    replicated over ranks). Every other weight is whole on every rank."""
+    shards: dict[str, dict[str, int]] = {}
     for t in program.graph.tensors.values():
         if "shard" in t.attrs and t.hf_name:
-            axis = t.attrs["shard"]["axis"]
-            shards[t.hf_name] = {"axis": axis, "size": t.shape[axis]}
+            cut = {"axis": t.attrs["shard"]["axis"], "parts": t.attrs["shard"]["parts"]}
+            if shards.setdefault(t.hf_name, cut) != cut:
+                raise ScheduleError(f"weight {t.hf_name!r} is cut two ways: {shards[t.hf_name]} "
+                                    f"and {cut}")
     return {"tp": program.tp, "shards": shards}
 
 

@@ -34,6 +34,10 @@ COLUMN = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj", "gate_proj", "u
 ROW = ("o_proj", "down_proj")
 
 
+# A sharded weight's attrs["shard"]: the axis it is cut along, tp, and into how many distinct
+# parts (tp, or fewer when KV heads are replicated over ranks: rank r holds part r * parts // tp).
+
+
 def weight_rule(hf_name: str) -> str:
     """How a weight is split: "column" (output rows), "row" (input columns), "expert"
     (whole experts per rank) or "replicated"."""
@@ -93,11 +97,11 @@ class Sharder:
         out = op.outputs[0]
         if rule == "column":
             per_rank = self.column_rows(op, w, rows)
-            self.resize(w, (per_rank, k), shard={"axis": 0, "tp": self.tp})
+            self.resize(w, (per_rank, k), shard={"axis": 0, "tp": self.tp, "parts": rows // per_rank})
             self.resize(out, (per_rank,))
         elif rule == "row":
             self.resize(w, (rows, self.split(op, "input width", k)),
-                        shard={"axis": 1, "tp": self.tp})
+                        shard={"axis": 1, "tp": self.tp, "parts": self.tp})
             self.partial.add(out)
         if len(op.inputs) > 2 and rule == "column":  # a bias follows its rows
             self.resize(op.inputs[2], (self.g.tensors[out].numel,))
@@ -154,7 +158,8 @@ class Sharder:
             if "shard" not in kv_b.attrs:
                 rows = kv_b.shape[0] // a["n_heads"] * self.split(op, "number of attention heads",
                                                                   a["n_heads"])
-                self.resize(kv_b.name, (rows, kv_b.shape[1]), shard={"axis": 0, "tp": self.tp})
+                self.resize(kv_b.name, (rows, kv_b.shape[1]),
+                            shard={"axis": 0, "tp": self.tp, "parts": self.tp})
         a["n_heads"] = self.split(op, "number of attention heads", a["n_heads"])
         per_head = {"mla_absorb_q": a["kv_lora_rank"], "mla_attention": a["kv_lora_rank"],
                     "mla_expand_v": a["v_head_dim"]}[op.opcode]

@@ -842,13 +842,17 @@ __device__ __forceinline__ void publish_partial(const Params& p, const int* t, i
   for (int r = 0; r < TP; ++r) __stcg(p.peers->act[r] + at, y);
 }
 
-__device__ bool exchange(const Params& p, Shared& s, const int* t, long long step, int task) {
+__device__ void exchange_arrive(const Params& p, const int* t) {
   __threadfence_system();
   compute_sync();
   if (threadIdx.x == SIGNAL_THREAD) {
 #pragma unroll
     for (int r = 0; r < TP; ++r) red_release_sys(p.peers->counters[r] + t[F_XCHG], 1);
   }
+}
+// Waits (with the watchdog) until every rank's copy of the task has arrived on this rank's
+// exchange counter; false when the kernel is failing.
+__device__ bool exchange_await(const Params& p, Shared& s, const int* t, long long step, int task) {
   bool ok = true;
   if (threadIdx.x == 32) ok = acquire<true>(p, t[F_XCHG], static_cast<unsigned>(TP * (step + 1)), task, nullptr);
   if (threadIdx.x == 32) s.flags[2] = ok;
@@ -859,8 +863,7 @@ __device__ bool exchange(const Params& p, Shared& s, const int* t, long long ste
 // The all-reduce of an exchanging matrix-vector task (o_proj, the down projection): its rows'
 // partial sums from every rank, added in rank order (the same sum on every rank), plus the
 // residual, into its output rows.
-__device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
-  if (!exchange(p, s, t, step, task)) return false;
+__device__ void sum_ranks(const Params& p, const int* t, int ct) {
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, stride = t[F_XCHG_STRIDE];
   const float* slot = p.act + t[F_XCHG_BUF] + row0;
   for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
@@ -869,6 +872,11 @@ __device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long lon
     for (int r = 1; r < TP; ++r) y += __ldcg(slot + r * stride + i);
     __stcg(p.act + t[F_OUT] + row0 + i, y + __ldcg(p.act + t[F_AUX] + row0 + i));
   }
+}
+__device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
+  exchange_arrive(p, t);
+  if (!exchange_await(p, s, t, step, task)) return false;
+  sum_ranks(p, t, ct);
   return true;
 }
 #endif
@@ -1526,7 +1534,7 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
 // made global) and its reading of the host's stop flag go to every rank; every rank then takes
 // the best of the TP pairs in rank order (ties to the lower row, as over the whole vocabulary)
 // and stops if any rank saw the flag, so all ranks emit the same token and stop together.
-__device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
+__device__ void argmax_publish(const Params& p, Shared& s, const int* t, int ct) {
   const float* part = p.act + t[F_IN];
   float best = -INFINITY;
   int tok = 0x7fffffff;
@@ -1543,12 +1551,12 @@ __device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long 
       __stcg(p.peers->act[r] + at + 2, stop);
     }
   }
-  if (!exchange(p, s, t, step, task)) return false;
+}
+__device__ void argmax_agree(const Params& p, const int* t, long long step, int ct) {
   if (ct == 0) {
     const float* slot = p.act + t[F_XCHG_BUF];
-    float stop = 0.f;
-    best = -INFINITY;
-    tok = 0x7fffffff;
+    float stop = 0.f, best = -INFINITY;
+    int tok = 0x7fffffff;
     for (int r = 0; r < TP; ++r) {
       keep_best(__ldcg(slot + r * t[F_XCHG_STRIDE]), __float_as_int(__ldcg(slot + r * t[F_XCHG_STRIDE] + 1)), best, tok);
       stop = fmaxf(stop, __ldcg(slot + r * t[F_XCHG_STRIDE] + 2));
@@ -1556,6 +1564,12 @@ __device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long 
     p.act[TP_STOP_AT] = stop;
     publish_token(p, step, tok);
   }
+}
+__device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
+  argmax_publish(p, s, t, ct);
+  exchange_arrive(p, t);
+  if (!exchange_await(p, s, t, step, task)) return false;
+  argmax_agree(p, t, step, ct);
   return true;
 }
 #endif
