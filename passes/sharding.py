@@ -97,7 +97,8 @@ class Sharder:
         out = op.outputs[0]
         if rule == "column":
             per_rank = self.column_rows(op, w, rows)
-            self.resize(w, (per_rank, k), shard={"axis": 0, "tp": self.tp, "parts": rows // per_rank})
+            self.resize(w, (per_rank, k),
+                        shard={"axis": 0, "tp": self.tp, "parts": rows // per_rank})
             self.resize(out, (per_rank,))
         elif rule == "row":
             self.resize(w, (rows, self.split(op, "input width", k)),

@@ -225,7 +225,8 @@ def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
             for r, rank in enumerate(bufs["ranks"][1:], 1):
                 assert torch.equal(rank[key], bufs[key]), f"{key}: rank {r} differs from rank 0"
             want = env[key][0]
-            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (
+            tol = 1e-4 * float(want.abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
                 f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
     logits = env["logits"][0]
     assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
