@@ -183,6 +183,15 @@ def test_rank_weights_and_caches_are_their_heads_rows_and_columns() -> None:
         assert torch.equal(state["layers.0.k_cache"], cache[:, kv:kv + 1])
 
 
+def test_sampling_under_tp_is_refused_by_name() -> None:
+    from tilertc.engine import _greedy_only
+    from tilertc.ir.sampling import SamplingParams
+
+    _greedy_only(SamplingParams(0.0, 0, 1.0, 0), 2)
+    with pytest.raises(ValueError, match="sampling under --tp 2 is greedy only"):
+        _greedy_only(SamplingParams(0.7, 0, 1.0, 0), 2)
+
+
 def test_engine_needs_as_many_gpus_as_ranks() -> None:
     if torch.cuda.is_available() and torch.cuda.device_count() >= 8:
         pytest.skip("this machine has the GPUs")
