@@ -32,7 +32,8 @@ REQUIRED_KEYS: dict[str, tuple[str, ...]] = {
     "max_seq_len": (), "arenas": ("act", "kv"), "buffers": (),
     "kv_cache": ("layout", "layers"), "rope": ("attrs", "head_dim", "buffer"),
     "embedding": (), "logits": (), "counters": (), "sampler_counter": (),
-    "weights": ("packed_bytes", "layout"), "task_fields": (), "cost": ("step_ns", "roofline_ns"),
+    "weights": ("packed_bytes", "layout"), "tp": ("tp", "shards"), "task_fields": (),
+    "cost": ("step_ns", "roofline_ns"),
     "decisions": (),
 }
 STO_CUDA_ENTRY = 0x10  # st_other bit that marks a kernel entry point in a CUDA ELF

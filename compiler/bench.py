@@ -322,6 +322,9 @@ def run_bench(config: BenchConfig,
 
     model = check_model(config)
     require_gpu(config.device)
+    if config.profile and config.tp > 1:
+        raise ValueError(f"--profile runs one GPU; profile the model at --tp 1, not --tp "
+                         f"{config.tp}")
     config.out.mkdir(parents=True, exist_ok=True)
     kernels = resolve_artifacts(model, config, phase)
     m = kernels[0].manifest
@@ -363,7 +366,10 @@ def run_bench(config: BenchConfig,
     points = []
     for i, ((context, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
         for name in config.systems:
-            if name != "tilertc":
+            if name != "tilertc" and config.tp > 1:  # the baselines run on one GPU
+                results[i][name], details[name] = (f"skipped: one GPU, not comparable with "
+                                                   f"--tp {config.tp}"), ""
+            elif name != "tilertc":
                 results[i][name], details[name] = time_baseline(name, spec, weights, prompt, gen,
                                                                 config.device, phase)
         nbytes = token_bytes(spec, context, gen)

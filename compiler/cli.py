@@ -101,11 +101,13 @@ WEIGHT_DTYPE = click.option(
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a config key before validation (repeatable).")
 @WEIGHT_DTYPE
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Tensor-parallel ranks (GPUs of one NVLink host); one cubin runs on each.")
 @click.option("--lineinfo", is_flag=True,
               help="Keep source lines in the cubin (for compute-sanitizer and Nsight).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
-                    lineinfo: bool) -> None:
+                    tp: int, lineinfo: bool) -> None:
     """Compile MODEL into one persistent CUDA kernel and write an artifact directory.
 
     MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
@@ -121,7 +123,7 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
         raise click.ClickException(str(e)) from None
     options = CompileOptions(target=target.lower(), backend=backend,
                              max_seq_len=kv_capacity(spec, max_seq_len), weight_dtype=weight_dtype,
-                             lineinfo=lineinfo)
+                             tp=tp, lineinfo=lineinfo)
     console = Console(stderr=True)
     started = time.perf_counter()
     try:

@@ -25,7 +25,7 @@ from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.fusion_mla import MLA_DIMS
 from tilertc.passes.packing import expert_weights, static_bytes
 from tilertc.passes.pipeline import make_program
-from tilertc.passes.program import Program
+from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import rope_dim
 from tilertc.passes.tiling import weight_row_bytes
 
@@ -133,6 +133,21 @@ def _kv_cache(program: Program) -> dict[str, Any]:
             "layers": {str(op.layer): {"k": op.inputs[-2], "v": op.inputs[-1]} for op in attn}}
 
 
+def _tp_record(program: Program) -> dict[str, Any]:
+    """The ranks, and how each rank's weights are cut from the checkpoint's (passes/sharding.py):
+    for every sharded weight (by its checkpoint name), the axis and the number of equal parts
+    it is cut into; rank r holds part r x parts // tp (fewer parts than ranks: KV heads
+    replicated over ranks). Every other weight is whole on every rank."""
+    shards: dict[str, dict[str, int]] = {}
+    for t in program.graph.tensors.values():
+        if "shard" in t.attrs and t.hf_name:
+            cut = {"axis": t.attrs["shard"]["axis"], "parts": t.attrs["shard"]["parts"]}
+            if shards.setdefault(t.hf_name, cut) != cut:
+                raise ScheduleError(f"weight {t.hf_name!r} is cut two ways: {shards[t.hf_name]} "
+                                    f"and {cut}")
+    return {"tp": program.tp, "shards": shards}
+
+
 def manifest(program: Program, options: CompileOptions, consts: dict[str, object],
              ptxas: dict[str, int], cubin_sha: str) -> dict[str, Any]:
     from tilertc import __version__
@@ -164,7 +179,9 @@ def manifest(program: Program, options: CompileOptions, consts: dict[str, object
         "logits": "logits",
         "counters": [c.name for c in program.counters],
         "sampler_counter": next(i for i, c in enumerate(program.counters)
-                                if program.graph.op(c.name).opcode == "argmax"),
+                                if c.name in program.graph.nx
+                                and program.graph.op(c.name).opcode == "argmax"),
+        "tp": _tp_record(program),
         "weights": {"packed_bytes": program.config["packed_weight_bytes"],
                     "layout": _weight_layout(program)},
         "task_fields": list(encode.fields(program)),

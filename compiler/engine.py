@@ -7,6 +7,11 @@ and its KV cache is copied into the kernel's layout; decoding is one cooperative
 runs the token loop on the GPU and streams tokens through a host-mapped ring. The kernel picks
 each token itself: greedily, or by seeded temperature / top-k / top-p sampling whose exact
 semantics (and the reference the kernel is tested against) are `tilertc.ir.sampling`.
+
+An artifact compiled with `--tp N` runs on N GPUs of one host (`TensorParallelEngine`, which
+`Engine.load` returns for it): one `Engine` per rank holds its shard of the weights and its
+arenas, and the N kernels, launched together, exchange all-reduce rows and the sampler's pairs
+through peer (NVLink) pointers (passes/synchronization.py). Sampling under tp is greedy only.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ __all__ = [
     "read_manifest",
 ]
 
-PARAM_WORDS = 24  # decode.cuh: Params, 8-byte words
+PARAM_WORDS = 24  # decode.cuh: Params, 8-byte words (two more under tp: rank, peers)
 SAMPLE_WORDS = 4  # decode.cuh: SampleArgs, 8-byte words
 STATUS_WORDS = 8
 ST_NUCLEUS_CUT = 6  # decode.cuh: Status, steps whose nucleus was cut to the candidates
@@ -121,6 +126,49 @@ def copy_cache(m: dict[str, Any], state: dict[str, torch.Tensor], pos: torch.Ten
                 dst[:, pos.to(kv.device)] = src.transpose(0, 1).to(torch.bfloat16)
 
 
+def ranks(m: dict[str, Any]) -> int:
+    """The tensor-parallel ranks an artifact was compiled for."""
+    return m.get("tp", {}).get("tp", 1)
+
+
+def shard_part(full: int, size: int, rank: int, tp: int) -> slice:
+    """Rank `rank`'s part of `full` elements cut into parts of `size` (passes/sharding.py): its
+    1/tp share, or, with fewer parts than ranks (KV heads replicated over ranks), the part its
+    group of tp * size / full consecutive ranks shares."""
+    if full % size or size * tp < full:
+        raise ArtifactError(f"cannot cut {full} elements into {tp} ranks' parts of {size}")
+    i = rank * (full // size) // tp
+    return slice(i * size, (i + 1) * size)
+
+
+def shard_weights(m: dict[str, Any], weights: dict[str, torch.Tensor],
+                  rank: int) -> dict[str, torch.Tensor]:
+    """The weights rank `rank` holds: the manifest's sharded tensors (`tp.shards`: axis and
+    number of parts by checkpoint name) cut to its part, every other tensor whole."""
+    out = dict(weights)
+    for name, sh in m.get("tp", {}).get("shards", {}).items():
+        w, axis = weights[name], sh["axis"]
+        cut = [slice(None)] * w.dim()
+        cut[axis] = shard_part(w.shape[axis], w.shape[axis] // sh["parts"], rank, ranks(m))
+        out[name] = w[tuple(cut)]
+    return out
+
+
+def rank_state(m: dict[str, Any], state: dict[str, torch.Tensor],
+               rank: int) -> dict[str, torch.Tensor]:
+    """The interpreter's caches as rank `rank` holds them: GQA keys and values of its KV heads
+    ([position][kv_head][dim]); MLA's latent and index-key caches are whole on every rank."""
+    cfg = m["kv_cache"]
+    if "n_kv_heads" not in cfg:
+        return state
+    out = dict(state)
+    for names in cfg["layers"].values():
+        for name in names.values():
+            heads = shard_part(state[name].shape[1], cfg["n_kv_heads"], rank, ranks(m))
+            out[name] = state[name][:, heads]
+    return out
+
+
 def _driver():
     from cuda.bindings import driver
 
@@ -155,13 +203,14 @@ class Engine:
         weights: dict[str, torch.Tensor],
         device: torch.device,
         watchdog_s: float,
+        rank: int = 0,
     ) -> None:
-        self.artifact, self.m, self.device = artifact, manifest, device
+        self.artifact, self.m, self.device, self.rank = artifact, manifest, device, rank
         self.spec = model_spec(manifest)
         self.graph = build_graph(self.spec, manifest["max_seq_len"])
         weights = quantize_unscaled(self.graph, weights)
         check_weights(weights, weight_table(self.graph))
-        self.weights = weights
+        self.weights = weights  # the whole model's (the interpreter's); the rank's are packed
         self.max_seq_len = manifest["max_seq_len"]
         self.watchdog_ns = int(watchdog_s * 1e9)
         self.position = 0
@@ -179,15 +228,22 @@ class Engine:
         device: str = "cuda:0",
         random_seed: int | None = None,
         watchdog_s: float = 5.0,
+        tp: int | None = None,
     ) -> Engine:
         """Load `artifact` with `weights` (HF state dict or safetensors path), or random weights
         drawn with `random_seed` when `weights` is None. An FP8 artifact takes an FP8 checkpoint
-        (e4m3 weights with their `weight_scale_inv`) or a bf16 one, quantized at load."""
+        (e4m3 weights with their `weight_scale_inv`) or a bf16 one, quantized at load. An
+        artifact compiled with --tp N loads onto N GPUs (`device` names the first), as a
+        `TensorParallelEngine`; `tp`, when given, must be the artifact's."""
         path = Path(artifact)
         m = read_manifest(path)
         dev = torch.device(device)
         if not torch.cuda.is_available():
             raise ArtifactError("no CUDA GPU is available to run the artifact")
+        if tp is not None and tp != ranks(m):
+            raise ArtifactError(f"{path} was compiled for --tp {ranks(m)}, not --tp {tp}")
+        if ranks(m) > 1:
+            return TensorParallelEngine.load(path, m, weights, dev, random_seed, watchdog_s)
         check_device(
             m,
             torch.cuda.get_device_capability(dev),
@@ -203,8 +259,9 @@ class Engine:
     def _upload(self) -> None:
         m, dev = self.m, self.device
         lay = m["weights"]
-        self.packed = pack_weights(lay, self.weights, dev)
-        self.act = act_arena(m, self.weights, dev)
+        mine = shard_weights(m, self.weights, self.rank)
+        self.packed = pack_weights(lay, mine, dev)
+        self.act = act_arena(m, mine, dev)
         self.kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16, device=dev)
         self.embed = self.weights[m["embedding"]].to(dev).contiguous()
         sched = np.load(self.artifact / "schedule.npz")
@@ -218,7 +275,8 @@ class Engine:
         self.host_tokens = torch.zeros(self.max_seq_len, dtype=torch.int32).pin_memory()
         self.host_count = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.host_stop = torch.zeros(1, dtype=torch.int32).pin_memory()
-        self.params = torch.zeros(PARAM_WORDS, dtype=torch.int64, device=dev)
+        self.params = torch.zeros(PARAM_WORDS + 2 * (ranks(m) > 1), dtype=torch.int64, device=dev)
+        self.peers: torch.Tensor | None = None  # tp: every rank's act and counters (decode.cuh)
         self.sample_args = torch.zeros(SAMPLE_WORDS, dtype=torch.int64, device=dev)
         self.profile: torch.Tensor | None = None
 
@@ -241,6 +299,10 @@ class Engine:
                 for op in self.graph.ops() if op.opcode == "dsa_topk"}
 
     def _load_cubin(self) -> None:
+        with torch.cuda.device(self.device):  # the module lives in this GPU's context
+            self._load_module()
+
+    def _load_module(self) -> None:
         drv = _driver()
         blob = read_cubin(self.artifact, self.m)
         torch.cuda.init()
@@ -267,6 +329,13 @@ class Engine:
     # -- decoding -----------------------------------------------------------------------------
     def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int,
                 sampling: SamplingParams) -> None:
+        self._prepare(first_token, start_pos, n_steps, eos, sampling)
+        self._start()
+
+    def _prepare(self, first_token: int, start_pos: int, n_steps: int, eos: int,
+                 sampling: SamplingParams) -> None:
+        """The launch's parameters, and the counters, status and host words zeroed (on this
+        GPU's stream)."""
         if start_pos + n_steps > self.max_seq_len:
             raise ValueError(
                 f"decoding {n_steps} tokens from position {start_pos} exceeds the KV "
@@ -306,18 +375,28 @@ class Engine:
             self.tasks.shape[0],
             self.sample_args.data_ptr(),
         ]
-        assert len(words) == PARAM_WORDS
+        if self.peers is not None:
+            words += [self.rank, self.peers.data_ptr()]
+        assert len(words) == self.params.numel()
         self.params.copy_(torch.tensor(words, dtype=torch.int64))
         self.sample_args.copy_(torch.tensor(sample_words(sampling), dtype=torch.int64))
         self.counters.zero_()
         self.status.zero_()
         self.host_count.zero_()
         self.host_stop.zero_()
+
+    def _start(self) -> None:
+        """The cooperative launch on this GPU's current stream (asynchronous)."""
         drv = _driver()
         arg = np.array([self.params.data_ptr()], dtype=np.uint64)
         args = np.array([arg.ctypes.data], dtype=np.uint64)
         stream = drv.CUstream(torch.cuda.current_stream(self.device).cuda_stream)
         k = self.m["kernel"]
+        with torch.cuda.device(self.device):
+            self._cooperative_launch(drv, stream, k, args)
+        self._launch_args = (arg, args)  # keep alive until the launch has read them
+
+    def _cooperative_launch(self, drv, stream, k: dict[str, Any], args: np.ndarray) -> None:
         _check(
             drv.cuLaunchCooperativeKernel(
                 self._func,
@@ -333,7 +412,6 @@ class Engine:
             ),
             "launch",
         )
-        self._launch_args = (arg, args)  # keep alive until the launch has read them
 
     def _finish(self) -> int:
         torch.cuda.synchronize(self.device)
@@ -386,7 +464,10 @@ class Engine:
         self._launch(int(token_id), self.position, 1, -1, sampling)
         self._finish()
         self.position += 1
-        return int(self.device_tokens[0]), self._act(self.m["logits"]).clone()
+        return int(self.device_tokens[0]), self._logits()
+
+    def _logits(self) -> torch.Tensor:
+        return self._act(self.m["logits"]).clone()
 
     def generate(
         self,
@@ -458,3 +539,123 @@ class Engine:
     def stop(self) -> None:
         """Ask a running `generate` to stop after the token in flight."""
         self.host_stop[0] = 1
+
+
+def _greedy_only(sampling: SamplingParams, tp: int) -> None:
+    if sampling.temperature32 != 0:
+        raise ValueError(f"sampling under --tp {tp} is greedy only (temperature 0): the ranks "
+                         "do not yet draw the same random numbers; compile with --tp 1 to "
+                         "sample with temperature, top-k or top-p")
+
+
+def rank_devices(tp: int, first: torch.device) -> list[torch.device]:
+    """The tp GPUs from `first` on, each able to reach every other's memory (P2P over NVLink);
+    a clear error when there are fewer or they cannot."""
+    start = first.index or 0
+    have = torch.cuda.device_count()
+    if start + tp > have:
+        raise ArtifactError(f"the artifact was compiled for --tp {tp}: it runs on {tp} GPUs "
+                            f"from cuda:{start}, and this machine has {have} "
+                            f"(cuda:0..cuda:{have - 1})")
+    devices = [torch.device("cuda", start + r) for r in range(tp)]
+    for a in devices:
+        for b in devices:
+            if a != b and not torch.cuda.can_device_access_peer(a, b):
+                raise ArtifactError(f"--tp {tp}: {a} cannot access the memory of {b} (no P2P "
+                                    "between them); the ranks need NVLink or PCIe P2P")
+    return devices
+
+
+def enable_peer_access(devices: list[torch.device]) -> None:
+    """Every GPU's context may address every other's memory (cuCtxEnablePeerAccess)."""
+    drv = _driver()
+    done = drv.CUresult.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+    for a in devices:
+        with torch.cuda.device(a):
+            torch.zeros(1, device=a)  # the runtime makes a's primary context current
+            for b in devices:
+                if b == a:
+                    continue
+                peer = _check(drv.cuDevicePrimaryCtxRetain(_check(drv.cuDeviceGet(b.index),
+                                                                  "cuDeviceGet")),
+                              "cuDevicePrimaryCtxRetain")
+                (err,) = drv.cuCtxEnablePeerAccess(peer, 0)
+                if err not in (drv.CUresult.CUDA_SUCCESS, done):
+                    raise RuntimeError(f"CUDA driver error in cuCtxEnablePeerAccess({a} -> {b}): "
+                                       f"{err}")
+
+
+class TensorParallelEngine(Engine):
+    """A model compiled with --tp N on N GPUs of one host: one `Engine` per rank (its shard
+    of the weights, arenas, counters), peer access between them, the N cooperative kernels
+    launched together (each on its GPU's stream), tokens streamed from rank 0. Prefill runs in
+    the interpreter on rank 0's GPU; each rank gets its part of the caches."""
+
+    def __init__(self, engines: list[Engine]) -> None:  # the ranks' engines hold the state
+        r0 = engines[0]
+        self.engines, self.tp = engines, len(engines)
+        self.artifact, self.m, self.device, self.rank = r0.artifact, r0.m, r0.device, 0
+        self.spec, self.graph, self.weights = r0.spec, r0.graph, r0.weights
+        self.max_seq_len, self.watchdog_ns = r0.max_seq_len, r0.watchdog_ns
+        self.position, self.nucleus_cut_steps, self._interp = 0, 0, None
+        self.act, self.device_tokens = r0.act, r0.device_tokens
+        self.host_tokens, self.host_count = r0.host_tokens, r0.host_count
+        self.profile = None
+
+    @classmethod
+    def load(cls, path: Path, m: dict[str, Any], weights: WeightSource | None,
+             first: torch.device, random_seed: int | None,
+             watchdog_s: float) -> TensorParallelEngine:
+        tp = ranks(m)
+        devices = rank_devices(tp, first)
+        for dev in devices:
+            check_device(m, torch.cuda.get_device_capability(dev),
+                         torch.cuda.get_device_properties(dev).multi_processor_count,
+                         torch.cuda.get_device_name(dev))
+        if weights is None:
+            sd = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=random_seed or 0)
+        else:
+            sd = load_state_dict(weights)
+        engines = [Engine(path, m, sd, dev, watchdog_s, rank=r) for r, dev in enumerate(devices)]
+        enable_peer_access(devices)
+        table = [e.act.data_ptr() for e in engines] + [e.counters.data_ptr() for e in engines]
+        for e in engines:  # decode.cuh: PeerTable
+            e.peers = torch.tensor(table, dtype=torch.int64, device=e.device)
+        return cls(engines)
+
+    def _launch(self, first_token: int, start_pos: int, n_steps: int, eos: int,
+                sampling: SamplingParams) -> None:
+        _greedy_only(sampling, self.tp)
+        for e in self.engines:
+            e._prepare(first_token, start_pos, n_steps, eos, sampling)
+        # every rank's counters are zero before any rank's kernel may arrive on them
+        for e in self.engines:
+            torch.cuda.synchronize(e.device)
+        for e in self.engines:
+            e._start()
+
+    def _finish(self) -> int:
+        counts = []
+        for r, e in enumerate(self.engines):
+            try:
+                counts.append(e._finish())
+            except RuntimeError as err:
+                raise RuntimeError(f"rank {r} of {self.tp}: {err}") from None
+        if len(set(counts)) > 1:
+            raise RuntimeError(f"the ranks decoded different numbers of tokens: {counts}")
+        return counts[0]
+
+    def _copy_cache(self, pos: torch.Tensor) -> None:
+        for e in self.engines:
+            copy_cache(self.m, rank_state(self.m, self._interp.state, e.rank), pos, e.kv)
+
+    def _logits(self) -> torch.Tensor:
+        """The whole vocabulary's logits: rank r holds rows [r V/tp, (r + 1) V/tp)."""
+        return torch.cat([e._act(self.m["logits"]).to(self.device) for e in self.engines])
+
+    def enable_profile(self, steps: int) -> None:
+        raise ValueError("profiling runs one GPU; profile the artifact compiled with --tp 1")
+
+    def stop(self) -> None:
+        for e in self.engines:
+            e.host_stop[0] = 1

@@ -52,6 +52,10 @@ class Task:
     signal: int = -1  # counter incremented once per step when the task is done
     # Chunked attention: the counter the task arrives on; only the group's last arrival signals.
     arrive: int = -1
+    # Tensor parallelism: the counter (in every rank's memory) on which the task's copies on all
+    # ranks arrive once they have published their part to every rank; the task waits until all
+    # tp have (passes/synchronization.py).
+    exchange: int = -1
     est_ns: float = 0.0
 
     @property

@@ -24,6 +24,7 @@ from __future__ import annotations
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
+from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
@@ -202,6 +203,7 @@ def place(program: Program) -> Program:
         part = partials_floats(lm[0].attrs["rows"], n)
         program.buffers["sample_partials"] = Buffer("sample_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
+    act_off = _exchange_buffers(program, act_off)
     program.config.update(act_arena=act_off, kv_arena=kv_off)
     program.decide(
         "residency",
@@ -209,3 +211,28 @@ def place(program: Program) -> Program:
         f"{act_off * 4 / 1024:.0f} KB; KV cache: bf16 arena of {kv_off * 2 / 2**20:.1f} MB",
     )
     return program
+
+
+# The sampler's exchange under tp: per rank (best value, best row, stop flag, unused).
+SAMPLE_EXCHANGE_FLOATS = 4
+
+
+def _exchange_buffers(program: Program, act_off: int) -> int:
+    """Under tp > 1, the receive buffers of the exchanges (passes/synchronization.py): per
+    all-reducing op, tp slots of its output rows (slot r holds rank r's partial sum); for the
+    sampler, tp slots of SAMPLE_EXCHANGE_FLOATS. One per op, not shared between ops: another
+    rank may write an op's slot as soon as its own copy of the task has run."""
+    if program.tp == 1:
+        return act_off
+    ops = exchange_ops(program)
+    for op in ops:
+        name = f"{op.name}.exchange"
+        n = program.tp * op.attrs["rows"]
+        program.buffers[name] = Buffer(name, act_off, n, "fp32", "act")
+        act_off += _align(n)
+    n = program.tp * SAMPLE_EXCHANGE_FLOATS
+    program.buffers["sample_exchange"] = Buffer("sample_exchange", act_off, n, "fp32", "act")
+    program.decide("residency", f"tp {program.tp}: receive buffers of {len(ops)} all-reduces "
+                   f"({sum(program.tp * op.attrs['rows'] for op in ops) * 4 / 2**20:.2f} MB) "
+                   "and the sampler's exchange in the act arena, written by every rank")
+    return act_off + _align(n)

@@ -34,6 +34,10 @@ COLUMN = ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj", "gate_proj", "u
 ROW = ("o_proj", "down_proj")
 
 
+# A sharded weight's attrs["shard"]: the axis it is cut along, tp, and into how many distinct
+# parts (tp, or fewer when KV heads are replicated over ranks: rank r holds part r * parts // tp).
+
+
 def weight_rule(hf_name: str) -> str:
     """How a weight is split: "column" (output rows), "row" (input columns), "expert"
     (whole experts per rank) or "replicated"."""
@@ -93,11 +97,12 @@ class Sharder:
         out = op.outputs[0]
         if rule == "column":
             per_rank = self.column_rows(op, w, rows)
-            self.resize(w, (per_rank, k), shard={"axis": 0, "tp": self.tp})
+            self.resize(w, (per_rank, k),
+                        shard={"axis": 0, "tp": self.tp, "parts": rows // per_rank})
             self.resize(out, (per_rank,))
         elif rule == "row":
             self.resize(w, (rows, self.split(op, "input width", k)),
-                        shard={"axis": 1, "tp": self.tp})
+                        shard={"axis": 1, "tp": self.tp, "parts": self.tp})
             self.partial.add(out)
         if len(op.inputs) > 2 and rule == "column":  # a bias follows its rows
             self.resize(op.inputs[2], (self.g.tensors[out].numel,))
@@ -154,7 +159,8 @@ class Sharder:
             if "shard" not in kv_b.attrs:
                 rows = kv_b.shape[0] // a["n_heads"] * self.split(op, "number of attention heads",
                                                                   a["n_heads"])
-                self.resize(kv_b.name, (rows, kv_b.shape[1]), shard={"axis": 0, "tp": self.tp})
+                self.resize(kv_b.name, (rows, kv_b.shape[1]),
+                            shard={"axis": 0, "tp": self.tp, "parts": self.tp})
         a["n_heads"] = self.split(op, "number of attention heads", a["n_heads"])
         per_head = {"mla_absorb_q": a["kv_lora_rank"], "mla_attention": a["kv_lora_rank"],
                     "mla_expand_v": a["v_head_dim"]}[op.opcode]
@@ -178,6 +184,27 @@ class Sharder:
         elif partial:  # the residual add: the partial sum is all-reduced first
             producer = next(p for p in self.g.producers(op.name) if partial[0] in p.outputs)
             self.allreduce_after.append(producer.name)
+
+
+EXCHANGE_OPCODES = ("matvec_add", "moe_down_add")
+
+
+def exchange_ops(program: Program) -> list[Op]:
+    """The fused ops that end in an all-reduce: the residual adds whose other input is a
+    per-rank partial sum (`allreduce_after`), fused with that sum's producer. Each such op's
+    tasks exchange their partial rows with the other ranks before adding the residual
+    (passes/synchronization.py)."""
+    after = set(program.config.get("sharding", {}).get("allreduce_after", ()))
+    if program.tp == 1 or not after:
+        return []
+    ops = [op for op in program.graph.ops() if op.opcode in EXCHANGE_OPCODES
+           and after & set(op.attrs.get("fused_from", ()))]
+    covered = {name for op in ops for name in op.attrs["fused_from"]} & after
+    if covered != after:
+        raise ScheduleError(f"--tp {program.tp}: the all-reduce after "
+                            f"{sorted(after - covered)[0]!r} is not fused into a residual add "
+                            f"({' or '.join(EXCHANGE_OPCODES)})")
+    return ops
 
 
 def shard(program: Program) -> Program:

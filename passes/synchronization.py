@@ -10,6 +10,25 @@ the earlier one's writes. The embedding of step s waits on the argmax of step s 
 which is what closes the token loop inside the kernel. A chunked attention op signals once per
 KV group: its chunk tasks arrive on a per-group counter and the last to arrive merges the
 group and signals.
+
+Under tensor parallelism (tp > 1) each rank runs the same streams on its shard, and ranks meet
+only in exchanges, which are waits on counters too. Decided here: an all-reduce is done inside
+the tasks of the op that produces the partial sum (`sharding.exchange_ops`: the fused
+o_proj / down projection + residual add), not in a separate op or in the consumers. Task i of
+such an op computes its partial rows, writes them into its rank's slot of the op's receive
+buffer on every rank (through NVLink), and arrives (release, system scope) on the exchange
+counter `op.exchange[i]` of every rank; it then waits (acquire, system scope) until its own
+copy of that counter reaches tp x (step + 1), sums the tp partial rows in rank order, adds
+the residual and writes its output rows as at tp 1, then signals the op's counter as usual.
+So consumers wait on local counters exactly as at tp 1, every rank computes bit-identical sums
+(same operands, same order), and the exchange adds no op boundary. Why it cannot deadlock: a
+task waits only for the same task on the other ranks, whose streams are identical, so what
+precedes that task's publish on another rank is what precedes it here (the verifier runs the
+ranks' streams together to check it). The sampler exchanges each rank's best (logit, row)
+pair and its view of the host's stop flag the same way (`sample.exchange`), so that every rank
+picks the same token and stops at the same step. The receive buffers are reused every step:
+a rank writes step s + 1's rows only after the sampler exchange of step s, which every rank
+enters after all its tasks of step s, so no rank still reads step s's rows.
 """
 
 from __future__ import annotations
@@ -17,6 +36,7 @@ from __future__ import annotations
 import networkx as nx
 
 from tilertc.passes.program import Counter, Program
+from tilertc.passes.sharding import exchange_ops
 
 MAX_WAITS = 2
 
@@ -33,6 +53,7 @@ def synchronize(program: Program) -> Program:
             arrive_base[op.name] = len(program.counters)
             program.counters += [Counter(f"{op.name}.arrivals[{g}]", op.attrs["tile"]["chunks"])
                                  for g in range(op.attrs["tile"]["signals"])]
+    exchange_base = _exchange_counters(program)
     ancestors = {op.name: nx.ancestors(g.nx, op.name) for op in ops}
     waits_of: dict[str, list[tuple[int, int, int]]] = {}
     for op in ops:
@@ -52,6 +73,29 @@ def synchronize(program: Program) -> Program:
         t.signal = index[t.op]
         if t.op in arrive_base:
             t.arrive = arrive_base[t.op] + t.rows[0]
+        if t.op in exchange_base:
+            t.exchange = exchange_base[t.op] + t.index
     program.decide("synchronization", f"{len(program.counters)} counters (one per fused op), "
                    "monotonic across steps; waits pruned to non-implied producers")
+    if exchange_base:
+        program.decide("synchronization", f"tp {program.tp}: {len(exchange_base) - 1} "
+                       "all-reduces inside their ops' tasks (each task's partial rows to every "
+                       "rank, one exchange counter per task) and the sampler's exchange of "
+                       "(max, row) pairs; sums in rank order, identical on every rank")
     return program
+
+
+def _exchange_counters(program: Program) -> dict[str, int]:
+    """Under tp > 1, one exchange counter per task of each all-reducing op and one for the
+    sampler, appended to `program.counters` (each reaches tp per step: one arrival per rank);
+    returns each op's first one."""
+    if program.tp == 1:
+        return {}
+    base = {}
+    sampler = next(op for op in program.graph.ops() if op.opcode == "argmax")
+    for op in [*exchange_ops(program), sampler]:
+        base[op.name] = len(program.counters)
+        n = op.attrs["tile"]["tasks"]
+        program.counters += [Counter(f"{op.name}.exchange[{i}]" if n > 1 else f"{op.name}.exchange",
+                                     program.tp) for i in range(n)]
+    return base

@@ -281,18 +281,28 @@ class Machine:
 
     `run(choose, on_task, on_merge)` executes until no SM can proceed; `choose` picks the next
     SM among the ready ones. Afterwards `stuck()` lists the SMs that did not finish.
+
+    Under tensor parallelism the machine runs every rank's copy of the streams, each with its
+    own counters: SM `r * n + s` is SM s of rank r, counter `r * c + i` is rank r's counter i.
+    A task with an exchange (passes/synchronization.py) runs in two moves: it publishes
+    (arrives on its exchange counter on every rank), then, once its own rank's exchange
+    counter reaches tp per step, it completes. `on_task` and `on_merge` see rank 0's actors
+    only (the ranks' streams and plans are the same).
     """
 
     def __init__(self, program: Program, plan: Plan, steps: int) -> None:
         self.program, self.plan, self.steps = program, plan, steps
-        self.streams = program.streams
-        self.per_step = [c.per_step for c in program.counters]
+        self.ranks, self.n_sm, self.n_counters = program.tp, len(program.streams), \
+            len(program.counters)
+        self.streams = program.streams * self.ranks
+        self.per_step = [c.per_step for c in program.counters] * self.ranks
         self.sampler = next(i for i, c in enumerate(program.counters)
                             if c.name in program.graph.nx
                             and program.graph.op(c.name).opcode == "argmax")
-        self.counters = [0] * len(program.counters)
+        self.counters = [0] * len(self.per_step)
         self.step = [0] * len(self.streams)
         self.head = [0] * len(self.streams)
+        self.published = [False] * len(self.streams)  # the head task's exchange is published
         self.ready: set[int] = set()
         self.waiting: dict[int, list[tuple[int, int]]] = defaultdict(list)  # heaps (target, sm)
         for sm in range(len(self.streams)):
@@ -303,14 +313,19 @@ class Machine:
 
     def blocking(self, sm: int) -> tuple[int, int, str] | None:
         """The first unmet wait of the SM's next task: (counter, target, what waits)."""
-        step, head = self.step[sm], self.head[sm]
-        if head == 0 and step > 0 and self.counters[self.sampler] < step:
-            return self.sampler, step, "the step gate"
+        step, head, base = self.step[sm], self.head[sm], sm // self.n_sm * self.n_counters
+        if head == 0 and step > 0 and self.counters[base + self.sampler] < step:
+            return base + self.sampler, step, "the step gate"
         task = self.program.tasks[self.streams[sm][head]]
+        if self.published[sm]:
+            want = self.ranks * (step + 1)
+            if self.counters[base + task.exchange] < want:
+                return base + task.exchange, want, f"{task.key}'s exchange"
+            return None
         for counter, per_step, lag in task.waits:
             want = per_step * (step + 1 - lag)
-            if want > 0 and self.counters[counter] < want:
-                return counter, want, task.key
+            if want > 0 and self.counters[base + counter] < want:
+                return base + counter, want, task.key
         return None
 
     def _place(self, sm: int) -> None:
@@ -335,15 +350,25 @@ class Machine:
             self.ready.discard(sm)
             step, tid = self.step[sm], self.streams[sm][self.head[sm]]
             t = tasks[tid]
-            on_task(tid, step)
+            rank0, base = sm < self.n_sm, sm // self.n_sm * self.n_counters
+            if t.exchange >= 0 and not self.published[sm]:  # its part to every rank
+                self.published[sm] = True
+                for r in range(self.ranks):
+                    self._bump(r * self.n_counters + t.exchange)
+                self._place(sm)
+                continue
+            self.published[sm] = False
+            if rank0:
+                on_task(tid, step)
             if t.arrive >= 0:
-                before = self.counters[t.arrive]
-                self._bump(t.arrive)
+                before = self.counters[base + t.arrive]
+                self._bump(base + t.arrive)
                 if before == (step + 1) * self.per_step[t.arrive] - 1:
-                    on_merge(self.plan.merge_of[t.arrive], step)
-                    self._bump(t.signal)
+                    if rank0:
+                        on_merge(self.plan.merge_of[t.arrive], step)
+                    self._bump(base + t.signal)
             else:
-                self._bump(t.signal)
+                self._bump(base + t.signal)
             self.head[sm] += 1
             if self.head[sm] == len(self.streams[sm]):
                 self.head[sm], self.step[sm] = 0, step + 1
@@ -352,8 +377,8 @@ class Machine:
     def stuck(self) -> list[int]:
         return [sm for sm in range(len(self.streams)) if not self.finished(sm)]
 
-    def done(self, task: int, step: int) -> bool:
-        sm = self.program.tasks[task].sm
+    def done(self, task: int, step: int, rank: int = 0) -> bool:
+        sm = self.program.tasks[task].sm + rank * self.n_sm
         return self.step[sm] > step or (self.step[sm] == step and
                                         self.head[sm] >= self.plan.slot[task])
 
@@ -364,28 +389,39 @@ class Machine:
         signallers: dict[int, list[int]] = defaultdict(list)
         for i, t in enumerate(tasks):
             signallers[t.arrive if t.arrive >= 0 else t.signal].append(i)
+            if t.exchange >= 0:
+                signallers[t.exchange].append(i)
+        exchanges = {t.exchange for t in tasks if t.exchange >= 0}
         merges_of: dict[int, list[int]] = defaultdict(list)
         for m in self.plan.merges:
             merges_of[m.signal].append(m.arrive)
         links: dict[int, tuple[str, int | None]] = {}
         for sm in self.stuck():
-            counter, want, who = self.blocking(sm)
+            g_counter, want, who = self.blocking(sm)
+            rank, counter = divmod(g_counter, self.n_counters)
             per = self.per_step[counter]
             step = -(-want // per) - 1 if per else 0
-            head = f"SM {sm} ({who}, step {self.step[sm]}) waits for counter {counter} " \
-                   f"'{counters[counter].name}' to reach {want} (it is at {self.counters[counter]})"
-            missing = [i for c in [counter, *merges_of.get(counter, [])]
-                       for i in signallers.get(c, []) if not self.done(i, step)]
+            where = f" of rank {rank}" if self.ranks > 1 else ""
+            head = f"SM {sm % self.n_sm}{where} ({who}, step {self.step[sm]}) waits for counter " \
+                   f"{counter} '{counters[counter].name}' to reach {want} (it is at " \
+                   f"{self.counters[g_counter]})"
+            # an exchange counter is signalled by its task on every rank, others by this rank's
+            ranks = range(self.ranks) if counter in exchanges else [rank]
+            missing = [(i, r) for c in [counter, *merges_of.get(counter, [])]
+                       for i in signallers.get(c, []) for r in ranks
+                       if not self.done(i, step, r)]
             if not missing:
                 links[sm] = (f"{head}, but no task left would signal it: {per} per step are "
                              f"expected and {len(signallers.get(counter, []))} tasks signal it",
                              None)
                 continue
-            x = tasks[missing[0]]
-            blocker = tasks[self.streams[x.sm][self.head[x.sm]]]
+            (xi, xr) = missing[0]
+            x, xsm = tasks[xi], tasks[xi].sm + xr * self.n_sm
+            blocker = tasks[self.streams[xsm][self.head[xsm]]]
             rel = "which is where that SM is stuck" if blocker is x else \
                 f"behind {blocker.key}, where that SM is stuck"
-            links[sm] = (f"{head}; {x.key} would signal it, on SM {x.sm}, {rel}", x.sm)
+            links[sm] = (f"{head}; {x.key} would signal it, on SM {x.sm}"
+                         f"{f' of rank {xr}' if self.ranks > 1 else ''}, {rel}", xsm)
         sm, seen = min(links), []
         while sm is not None and sm not in seen:
             seen.append(sm)
@@ -409,6 +445,8 @@ def check_counters(program: Program, plan: Plan) -> None:
             got[t.arrive] += 1
         else:
             got[t.signal] += 1
+        if t.exchange >= 0:
+            got[t.exchange] += program.tp  # one arrival from the task's copy on every rank
     for m in plan.merges:
         got[m.signal] += 1
     for i, c in enumerate(program.counters):

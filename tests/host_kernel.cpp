@@ -20,7 +20,7 @@
 //   dsa_topk N (SCORE_BITS)*N        -> (built with DSA=1) the DSA indexer's selection of the
 //                                       DSA_TOPK best of N scores (run_dsa_topk at position
 //                                       N - 1): DSA_TOPK token ids, -1 where unused
-//   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
+//   step DIR TOKEN POS ROPE          -> (built with HOST_STEP=1 and every kernel constant as -D, from
 //                                       tests/test_mla_kernel.py) one decode step: the tasks of
 //                                       DIR/tasks.bin in order, each as the compute warps run it,
 //                                       on the arenas DIR/act.bin, DIR/kv.bin (written back in
@@ -30,7 +30,14 @@
 //                                       loader's part is a copy of each task's pages into the
 //                                       ring before the task (a routed task's through the
 //                                       loader's own route_pieces and copy_pieces, in MoE
-//                                       models); counters are a host array.
+//                                       models; a GQA attention task's keys and values through
+//                                       the loader's own load_kv_chunk); counters are a host
+//                                       array. Built with TP > 1: every rank's step, rank r's
+//                                       arenas and weights in DIR/rank{r}/, each rank's peer
+//                                       pointers at the other ranks' host arenas; an exchanging
+//                                       task runs on every rank up to its arrival, then on
+//                                       every rank from its wait on (which checks that all TP
+//                                       arrived), as the ranks' GPUs would.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -43,6 +50,7 @@
 
 #define __device__
 #define __forceinline__ inline
+using std::max;
 using std::min;
 typedef uint16_t __nv_bfloat16;
 struct float2 {
@@ -210,9 +218,23 @@ struct Params;
 static inline bool ring_wait(const Params&, uint64_t*, uint32_t, volatile int*) { return true; }
 static inline void mbar_arrive(uint64_t*) {}
 // The loader's side, as the `step` command runs it: tasks run in table order, so a routed task's
-// router has run (acquire has nothing to wait for), and a bulk copy is a copy.
-static inline bool acquire(const Params&, int, unsigned, int, volatile int*) { return true; }
+// router has run (acquire has nothing to wait for), and a bulk copy is a copy. An exchange's
+// wait (SYSTEM) is checked instead: every rank must have arrived by then.
+template <bool SYSTEM = false, class P>
+static inline bool acquire(const P& p, int counter, unsigned target, int, volatile int*) {
+  return !SYSTEM || p.counters[counter] >= target;
+}
 static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
+static inline void mbar_expect_tx(uint64_t*, uint32_t) {}
+#if HOST_STEP
+template <class P, class S>
+static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ring + issued % RING_PAGES * PAGE_BYTES; }
+#endif
+static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
+struct ThreadIdx {
+  int x;
+};
+#define threadIdx (ThreadIdx{tl_ct + 32})  // compute thread ct is the CTA's thread ct + 32
 
 #include "kernel_extract.inc"
 
@@ -358,7 +380,7 @@ static void dsa_topk_command() {
 }
 #endif
 
-#if MLA
+#if HOST_STEP  // built by tests/test_mla_kernel.py: build_step_harness
 static std::vector<char> read_file(const std::string& path) {
   std::vector<char> out;
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
@@ -373,43 +395,174 @@ static void write_file(const std::string& path, const void* data, size_t bytes) 
   std::fwrite(data, 1, bytes, f);
   std::fclose(f);
 }
+template <class T> static std::vector<T> read_as(const std::string& path) {
+  const std::vector<char> raw = read_file(path);
+  std::vector<T> out(raw.size() / sizeof(T));
+  std::memcpy(out.data(), raw.data(), raw.size());
+  return out;
+}
 
-// One decode step of every task in table order (an order the counters allow: ops in program
-// order, a chunked op's merge by its last task), as run_compute's switch runs them.
-static void step_command() {
-  char dir[4096];
-  long long token, pos, rope;
-  std::scanf("%4095s %lld %lld %lld", dir, &token, &pos, &rope);
-  const std::string d(dir);
-  std::vector<char> act_b = read_file(d + "/act.bin"), kv_b = read_file(d + "/kv.bin"),
-                    weights = read_file(d + "/weights.bin"), embed = read_file(d + "/embed.bin"),
-                    tasks_b = read_file(d + "/tasks.bin");
-  std::vector<float> act(act_b.size() / 4);
-  std::memcpy(act.data(), act_b.data(), act_b.size());
-  std::vector<__nv_bfloat16> kv(kv_b.size() / 2);
-  std::memcpy(kv.data(), kv_b.data(), kv_b.size());
-  std::vector<int> tasks(tasks_b.size() / 4);
-  std::memcpy(tasks.data(), tasks_b.data(), tasks_b.size());
-  std::vector<unsigned> counters(1 << 16, 0);
-  SampleArgs args{0.0, 1.0, 0, 0};  // greedy
+// One rank's GPU: its arenas, weights, counters and parameters.
+struct Rank {
+  std::string dir;
+  std::vector<float> act;
+  std::vector<__nv_bfloat16> kv;
+  std::vector<char> weights;
+  std::vector<unsigned> counters = std::vector<unsigned>(1 << 16, 0);
   int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
+  uint32_t consumed = 0;
   Params p{};
-  p.weights = reinterpret_cast<const uint8_t*>(weights.data());
-  p.act = act.data();
-  p.kv = kv.data();
+};
+
+// The loader's pages of task t of rank k, into the ring slots compute will read (false: more
+// pages than the ring).
+static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
+  Params& p = k.p;
+#if !MLA
+  if (t[F_OPCODE] == OP_ATTENTION) {
+    uint32_t issued = k.consumed;
+    return load_kv_chunk(p, s, t, 0, id, issued) && issued - k.consumed <= RING_PAGES;
+  }
+#endif
+  if (!has_weights(t)) return true;
+  const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+  const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+  if ((rows + rpp - 1) / rpp > RING_PAGES) return false;
+#if MOE  // as run_loader: the slots' experts, the pieces of a down task's rows gathered
+  const uint8_t* piece[MOE_PIECES];
+  const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
+  if (routed) {
+    route_pieces(p, s, t, 0, id, src, piece);
+    src = piece[0];
+  }
+#endif
+  for (int r = 0, i = 0; r < rows; r += rpp, ++i) {
+    uint8_t* page = s.ring + (k.consumed + i) % RING_PAGES * PAGE_BYTES;
+#if MOE
+    if (routed && GATHERS_PIECES(t)) {
+      copy_pieces(page, piece, t, r, min(rpp, rows - r), nullptr);
+      continue;
+    }
+#endif
+    std::memcpy(page, src + static_cast<long long>(r) * rb, static_cast<size_t>(min(rpp, rows - r)) * rb);
+  }
+  return true;
+}
+
+// A task as run_compute's switch runs it, up to an exchange's arrival.
+static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
+  const Params& p = k.p;
+  const uint32_t before = k.consumed;
+  uint32_t after = before;
+  run_block([&](int ct) {
+    uint32_t mine = before;  // each compute thread's own count of consumed pages
+    switch (t[F_OPCODE]) {
+      case OP_EMBED: run_embed(p, t, 0, ct); break;
+#if MOE
+      case OP_MOE_TOPK: run_moe_topk(p, t, ct); break;
+      case OP_MOE_GATE_UP:
+      case OP_MOE_DOWN_ADD:
+#endif
+      case OP_NORM_MATVEC:
+      case OP_MATVEC_ADD:
+#if MLA
+      case OP_HEAD_MATVEC:
+#endif
+        run_matvec(p, s, t, mine, ct);
+        if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, ct);
+#if MLA
+        if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
+#endif
+        break;
+#if MLA
+      case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
+#else
+      case OP_ATTENTION: run_attention(p, s, t, 0, pos, mine, ct); break;
+#endif
+#if DSA
+      case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, ct); break;
+      case OP_DSA_TOPK: run_dsa_topk(p, s, t, pos, ct); break;
+#endif
+#if TP > 1
+      case OP_ARGMAX: argmax_publish(p, s, t, ct); break;
+#else
+      case OP_ARGMAX: run_argmax(p, s, t, 0, pos, ct); break;
+#endif
+    }
+#if TP > 1
+    if (t[F_XCHG] >= 0) exchange_arrive(p, t);
+#endif
+    if (ct == 0) after = mine;
+  });
+  k.consumed = after;
+}
+
+#if TP > 1
+// An exchanging task from its wait on; false when not every rank had arrived.
+static bool finish_exchange(Rank& k, Shared& s, const int* t, int id) {
+  const Params& p = k.p;
+  bool ok = true;
+  run_block([&](int ct) {
+    const bool mine = exchange_await(p, s, t, 0, id);
+    if (ct == 0) ok = mine;
+    if (!mine) return;
+    if (t[F_OPCODE] == OP_ARGMAX) argmax_agree(p, t, 0, ct);
+    else sum_ranks(p, t, ct);
+  });
+  return ok;
+}
+#endif
+
+static void load_rank(Rank& k, const std::string& dir, const std::vector<char>& embed, long long token, long long pos,
+                      long long rope, SampleArgs* args) {
+  k.dir = dir;
+  k.act = read_as<float>(dir + "/act.bin");
+  k.kv = read_as<__nv_bfloat16>(dir + "/kv.bin");
+  k.weights = read_file(dir + "/weights.bin");
+  Params& p = k.p;
+  p.weights = reinterpret_cast<const uint8_t*>(k.weights.data());
+  p.act = k.act.data();
+  p.kv = k.kv.data();
   p.embed = reinterpret_cast<const __nv_bfloat16*>(embed.data());
-  p.counters = counters.data();
-  p.tokens = tokens;
-  p.host_tokens = host_tokens;
-  p.host_count = &host_count;
-  p.host_stop = &host_stop;
-  p.status = status;
+  p.counters = k.counters.data();
+  p.tokens = k.tokens;
+  p.host_tokens = k.host_tokens;
+  p.host_count = &k.host_count;
+  p.host_stop = &k.host_stop;
+  p.status = k.status;
   p.first_token = token;
   p.start_pos = pos;
   p.rope_offset = rope;
   p.n_steps = 1;
   p.eos_token = -1;
-  p.sample = &args;
+  p.sample = args;
+}
+
+// One decode step of every task in table order (an order the counters allow: ops in program
+// order, a chunked op's merge by its last task), on every rank, as run_compute's switch runs
+// them. Prints each rank's token and error code (-1: an exchange found a rank missing).
+static void step_command() {
+  char dir[4096];
+  long long token, pos, rope;
+  std::scanf("%4095s %lld %lld %lld", dir, &token, &pos, &rope);
+  const std::string d(dir);
+  const std::vector<char> embed = read_file(d + "/embed.bin");
+  const std::vector<int> tasks = read_as<int>(d + "/tasks.bin");
+  SampleArgs args{0.0, 1.0, 0, 0};  // greedy
+  std::vector<Rank> ranks(TP);
+  for (int r = 0; r < TP; ++r)
+    load_rank(ranks[r], TP > 1 ? d + "/rank" + std::to_string(r) : d, embed, token, pos, rope, &args);
+#if TP > 1
+  PeerTable peers;
+  for (int r = 0; r < TP; ++r) {
+    peers.act[r] = ranks[r].act.data();
+    peers.counters[r] = ranks[r].counters.data();
+  }
+  for (int r = 0; r < TP; ++r) {
+    ranks[r].p.rank = r;
+    ranks[r].p.peers = &peers;
+  }
+#endif
   std::vector<float4> vec(MAX_K / 4 + 1), acc(ACC_FLOATS / 4 + 1);
   std::vector<float> red(MISC_FLOATS, NAN);
   std::vector<uint4> ring(RING_PAGES * PAGE_BYTES / 16);
@@ -421,68 +574,28 @@ static void step_command() {
   s.acc = reinterpret_cast<float*>(acc.data());
   s.flags = flags;
   flags[FLAG_SAMPLE_MODE] = SAMPLE_GREEDY;
-  uint32_t consumed = 0;
-  for (size_t id = 0; id < tasks.size() / TASK_FIELDS; ++id) {
+  bool exchanged = true;
+  for (size_t id = 0; id < tasks.size() / TASK_FIELDS && exchanged; ++id) {
     const int* t = &tasks[id * TASK_FIELDS];
-    if (has_weights(t)) {  // the loader's pages of this task, into the slots compute will read
-      const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-      const uint8_t* src =
-          p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
-      if ((rows + rpp - 1) / rpp > RING_PAGES) {
+    for (Rank& k : ranks) {
+      if (!load_pages(k, s, t, static_cast<int>(id))) {
         std::printf("task %zu has more pages than the ring\n", id);
         return;
       }
-#if MOE  // as run_loader: the slots' experts, the pieces of a down task's rows gathered
-      const uint8_t* piece[MOE_PIECES];
-      const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
-      if (routed) {
-        route_pieces(p, s, t, 0, static_cast<int>(id), src, piece);
-        src = piece[0];
-      }
-#endif
-      for (int r = 0, i = 0; r < rows; r += rpp, ++i) {
-        uint8_t* page = s.ring + (consumed + i) % RING_PAGES * PAGE_BYTES;
-#if MOE
-        if (routed && GATHERS_PIECES(t)) {
-          copy_pieces(page, piece, t, r, min(rpp, rows - r), nullptr);
-          continue;
-        }
-#endif
-        std::memcpy(page, src + static_cast<long long>(r) * rb, static_cast<size_t>(min(rpp, rows - r)) * rb);
-      }
+      run_task(k, s, t, pos);
     }
-    const uint32_t before = consumed;
-    run_block([&](int ct) {
-      uint32_t mine = before;  // each compute thread's own count of consumed pages
-      switch (t[F_OPCODE]) {
-        case OP_EMBED: run_embed(p, t, 0, ct); break;
-#if MOE
-        case OP_MOE_TOPK: run_moe_topk(p, t, ct); break;
-        case OP_MOE_GATE_UP:
-        case OP_MOE_DOWN_ADD:
+#if TP > 1
+    if (t[F_XCHG] >= 0)
+      for (Rank& k : ranks) exchanged = finish_exchange(k, s, t, static_cast<int>(id)) && exchanged;
 #endif
-        case OP_NORM_MATVEC:
-        case OP_MATVEC_ADD:
-        case OP_HEAD_MATVEC:
-          run_matvec(p, s, t, mine, ct);
-          if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, ct);
-          if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
-          break;
-        case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
-#if DSA
-        case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, ct); break;
-        case OP_DSA_TOPK: run_dsa_topk(p, s, t, pos, ct); break;
-#endif
-        case OP_ARGMAX: run_argmax(p, s, t, 0, pos, ct); break;
-      }
-      if (ct == 0) consumed = mine;
-    });
   }
-  write_file(d + "/act.bin", act.data(), act.size() * 4);
-  write_file(d + "/kv.bin", kv.data(), kv.size() * 2);
-  std::printf("%d %d\n", tokens[0], status[ST_ERROR]);
+  for (Rank& k : ranks) {
+    write_file(k.dir + "/act.bin", k.act.data(), k.act.size() * 4);
+    write_file(k.dir + "/kv.bin", k.kv.data(), k.kv.size() * 2);
+    std::printf("%d %d\n", k.tokens[0], exchanged ? k.status[ST_ERROR] : -1);
+  }
 }
-#endif
+#endif  // HOST_STEP
 
 int main() {
   char op[16];
@@ -518,7 +631,7 @@ int main() {
     } else if (!std::strcmp(op, "dsa_topk")) {
       dsa_topk_command();
 #endif
-#if MLA
+#if HOST_STEP
     } else if (!std::strcmp(op, "step")) {
       step_command();
 #endif

@@ -28,7 +28,7 @@ import tilertc
 from tilertc.backends.cuda import codegen, encode
 from tilertc.backends.cuda.encode import FIELDS, MLA_FIELDS, OPCODES
 from tilertc.driver import CompileOptions, compile, manifest
-from tilertc.engine import act_arena, copy_cache, pack_weights
+from tilertc.engine import act_arena, copy_cache, pack_weights, rank_state, shard_weights
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.mla import kv_b_per_head
 from tilertc.ir.target import get_target
@@ -123,16 +123,21 @@ def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them() -> None:
 
 def step_source() -> str:
     """What the `step` command runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), and
-    everything compute runs for a task (the sampling section through the MLA section:
-    matrix-vector tasks, embedding, sampler, MoE router, MLA)."""
+    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE) and
+    GQA attention's key/value pages (its proxy fence has no host meaning), and everything
+    compute runs for a task (the sampling section through the MLA section: matrix-vector
+    tasks, the exchanges between ranks, embedding, sampler, MoE router, attention)."""
     k = KernelSource()
+    kv_pages = k.between("// Attention streams the past keys", "#endif  // !MLA").replace(
+        'asm volatile("fence.proxy.async.global;" ::: "memory");', "")
     return "\n".join([
         *k.prelude(),
         *(k.definition(f"__device__ __forceinline__ bool {f}(const int* t)")
           for f in ("has_weights", "normed", "adds_residual")),
         k.line("__device__ __forceinline__ int rows_per_page"),
+        k.line("constexpr int SIGNAL_THREAD"),
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
+        f"#if !MLA\n{kv_pages}#endif",
         k.between("// ---- sampling", "// ---- compute warps"),
     ])
 
@@ -143,8 +148,8 @@ def build_step_harness(out: Path, consts: dict[str, object]) -> Path:
         pytest.skip("no host C++ compiler")
     (out / "kernel_extract.inc").write_text(step_source())
     exe = out / "host_kernel"
-    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{out}", *[f"-D{k}={v}" for k, v in
-                                                           consts.items()],
+    subprocess.run([cxx, "-O1", "-std=c++17", f"-I{out}", "-DHOST_STEP=1",
+                    *[f"-D{k}={v}" for k, v in consts.items()],
                     "-o", str(exe), str(HARNESS)], check=True, capture_output=True, text=True)
     return exe
 
@@ -222,34 +227,49 @@ def host_step(tmp: Path, program: Program, weights: dict[str, torch.Tensor], pro
     """The step at position len(prompt) done by the harness, after the interpreter prefilled
     `prompt` (its caches copied into the kernel's layout as the engine does); returns the
     kernel's token and buffers (by name, from its arenas), the interpreter's tensors of the
-    step, and the manifest."""
+    step, and the manifest. Under tp > 1 every rank runs its shard (weights and caches cut as
+    the engine cuts them) with the others' arenas as its peers'; the buffers are rank 0's but
+    `logits`, every rank's vocabulary rows in rank order, and `ranks`, each rank's buffers;
+    every rank must pick the same token."""
     cpu = torch.device("cpu")
     consts = codegen.constants(program)
-    m = manifest(program, CompileOptions(max_seq_len=SEQ), consts, {}, "")
+    m = manifest(program, CompileOptions(max_seq_len=SEQ, tp=program.tp), consts, {}, "")
     ref = Interpreter(tilertc.build_graph(program.spec, SEQ), weights, cpu,
                       cache_dtype=torch.bfloat16)
     ref.run(prompt, torch.arange(len(prompt)))
-    kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16)
-    copy_cache(m, ref.state, torch.arange(len(prompt)), kv)
-    act = act_arena(m, weights, cpu)
-    act[m["buffers"]["logits"]["offset"]:][:program.spec.vocab_size] = float("nan")
-    (tmp / "act.bin").write_bytes(act.numpy().tobytes())
-    (tmp / "kv.bin").write_bytes(kv.view(torch.int16).numpy().tobytes())
-    (tmp / "weights.bin").write_bytes(pack_weights(m["weights"], weights, cpu).numpy().tobytes())
+    dirs = [tmp] if program.tp == 1 else [tmp / f"rank{r}" for r in range(program.tp)]
+    for r, d in enumerate(dirs):
+        d.mkdir(exist_ok=True)
+        mine = shard_weights(m, weights, r)
+        kv = torch.zeros(m["arenas"]["kv"], dtype=torch.bfloat16)
+        copy_cache(m, rank_state(m, ref.state, r), torch.arange(len(prompt)), kv)
+        act = act_arena(m, mine, cpu)
+        act[m["buffers"]["logits"]["offset"]:][:m["buffers"]["logits"]["numel"]] = float("nan")
+        (d / "act.bin").write_bytes(act.numpy().tobytes())
+        (d / "kv.bin").write_bytes(kv.view(torch.int16).numpy().tobytes())
+        (d / "weights.bin").write_bytes(pack_weights(m["weights"], mine, cpu).numpy().tobytes())
     (tmp / "embed.bin").write_bytes(weights[m["embedding"]].view(torch.int16).numpy().tobytes())
     (tmp / "tasks.bin").write_bytes(encode.encode(program)[0].tobytes())
     exe = build_step_harness(tmp, consts)
     rope = m["buffers"][m["rope"]["buffer"]]["offset"]
     out = subprocess.run([str(exe)], input=f"step {tmp} {token} {len(prompt)} {rope}\n",
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out[1] == "0", f"the kernel recorded error {out[1]}"
-    act = torch.from_numpy(np.fromfile(tmp / "act.bin", dtype=np.float32))
-    kv = torch.from_numpy(np.fromfile(tmp / "kv.bin", dtype=np.int16)).view(torch.bfloat16)
-    arena = {"act": act, "kv": kv}
-    bufs = {name: arena[b["arena"]][b["offset"]:b["offset"] + b["numel"]]
-            for name, b in m["buffers"].items()}
+    tokens, errors = out[0::2], out[1::2]
+    assert errors == ["0"] * program.tp, f"the kernel recorded errors {errors}"
+    assert len(set(tokens)) == 1, f"the ranks picked different tokens {tokens}"
+    ranks = [rank_buffers(m, d) for d in dirs]
+    bufs = {**ranks[0], "logits": torch.cat([b["logits"] for b in ranks]), "ranks": ranks}
     env = ref.run(torch.tensor([token]), torch.tensor([len(prompt)]))
-    return int(out[0]), bufs, env, m
+    return int(tokens[0]), bufs, env, m
+
+
+def rank_buffers(m: dict[str, Any], d: Path) -> dict[str, torch.Tensor]:
+    """A rank's buffers by name, from the arenas the harness wrote back to `d`."""
+    act = torch.from_numpy(np.fromfile(d / "act.bin", dtype=np.float32))
+    kv = torch.from_numpy(np.fromfile(d / "kv.bin", dtype=np.int16)).view(torch.bfloat16)
+    arena = {"act": act, "kv": kv}
+    return {name: arena[b["arena"]][b["offset"]:b["offset"] + b["numel"]]
+            for name, b in m["buffers"].items()}
 
 
 @pytest.mark.parametrize("overrides, target, prefill, covers", STEPS)

@@ -28,16 +28,12 @@ MAX_GROUPS = 32
 
 def check_supported(program: Program) -> None:
     """The CUDA backend runs the dense fused opcodes, MoE (Qwen3-MoE's and DeepSeek-V3's
-    routing, routed and shared experts), absorbed MLA and the DSA indexer on one GPU; anything
-    else is refused by name here, before any source is emitted."""
+    routing, routed and shared experts), absorbed MLA and the DSA indexer on one GPU, and all
+    but routed experts under tensor parallelism; anything else is refused by name here, before
+    any source is emitted."""
     from tilertc.backends.cuda.encode import OPCODES
 
-    if program.tp != 1:
-        raise ScheduleError(
-            f"--tp {program.tp}: tensor parallelism is not yet in the CUDA "
-            "backend (it runs --tp 1); `tilertc explain --tp N` shows the "
-            "per-rank schedule"
-        )
+    _check_tp(program)
     for op in program.graph.ops():
         if op.opcode not in OPCODES:
             raise ScheduleError(
@@ -48,6 +44,37 @@ def check_supported(program: Program) -> None:
         _check_moe(op)
         _check_mla(op)
     _check_dsa(program)
+
+
+MAX_TP = 8
+
+
+def _check_tp(program: Program) -> None:
+    """Under --tp N the kernel exchanges all-reduce rows and the sampler's pairs between ranks
+    (passes/synchronization.py); routed experts under expert parallelism would need the router
+    to hand each rank the chosen experts it holds, which the kernel does not do yet."""
+    tp = program.tp
+    if tp == 1:
+        return
+    if tp > MAX_TP:
+        raise ScheduleError(f"--tp {tp}: the CUDA backend runs at most {MAX_TP} ranks (the GPUs "
+                            "of one NVLink host)")
+    routed = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
+    if routed is not None:
+        raise ScheduleError(f"op {routed.name!r}: routed experts under --tp {tp} (expert "
+                            "parallelism) are not yet in the CUDA backend (it runs MoE at --tp 1)")
+
+
+def _tp(program: Program) -> dict[str, object]:
+    """The ranks, each rank's vocabulary rows (the sampler makes its best row global) and where
+    the sampler keeps the stop decision the ranks agreed on."""
+    from tilertc.passes.residency import SAMPLE_EXCHANGE_FLOATS
+
+    if program.tp == 1:
+        return {"TP": 1}
+    lm = next(op for op in program.graph.ops() if op.attrs.get("epilogue") == "argmax")
+    return {"TP": program.tp, "TP_VOCAB_ROWS": lm.attrs["rows"],
+            "TP_STOP_AT": program.buffers["sample_exchange"].offset + SAMPLE_EXCHANGE_FLOATS - 1}
 
 
 def _check_mla(op) -> None:
@@ -226,6 +253,8 @@ def constants(program: Program) -> dict[str, object]:
         # the DSA indexer's opcodes and field, and attention over its selection, only with it
         "DSA": int(dsa),
         **(_dsa(program) if dsa else {}),
+        # tensor parallelism: the exchanges between ranks only where there are several
+        **_tp(program),
     }
 
 

@@ -44,6 +44,11 @@ enum Field : int {
 #if DSA  // a dsa_score task's key LayerNorm bias (its weight: F_AUX3)
   F_NORM_BIAS,
 #endif
+#if TP > 1  // a task that exchanges with the other ranks (tensor parallelism, see exchange)
+  F_XCHG,         // its exchange counter, -1: none
+  F_XCHG_BUF,     // act offset of its receive buffer: one slot per rank
+  F_XCHG_STRIDE,  // floats between consecutive ranks' slots
+#endif
   TASK_FIELDS
 };
 enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1 };  // F_W_FORMAT of a matrix-vector task
@@ -69,7 +74,19 @@ struct Params {
   unsigned long long* profile;  // null, or [profile_steps][n_tasks][3] globaltimer stamps
   long long profile_steps, n_tasks;
   const struct SampleArgs* sample;  // the sampling parameters (below)
+#if TP > 1
+  long long rank;                 // this GPU's rank among TP
+  const struct PeerTable* peers;  // every rank's arenas (below)
+#endif
 };
+#if TP > 1
+// Tensor parallelism: where every rank's act arena and counters lie, as this GPU addresses them
+// (peer pointers over NVLink; this rank's own at [rank]). In global memory, read where used.
+struct PeerTable {
+  float* act[TP];
+  unsigned* counters[TP];
+};
+#endif
 // In their own block, read where they are used: held in registers from the kernel's start like
 // the other parameters, they (and what the compiler derives from them) would crowd the
 // registers every task needs, and spill.
@@ -115,6 +132,16 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+#if TP > 1  // the exchanges between GPUs synchronize at system scope
+__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_sys(unsigned* p, unsigned v) {
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+#endif
 __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
   unsigned old;
   asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
@@ -231,12 +258,18 @@ __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES /
 
 // Spins until the counter reaches `target` (acquire). False when another SM failed, when the
 // watchdog fires (recorded with the task and counter), or, given the loader's `quit` flag, when
-// compute has ended the launch (a routed task's router may then never run).
+// compute has ended the launch (a routed task's router may then never run). SYSTEM: an
+// exchange counter, which other GPUs increment (acquire at system scope).
+template <bool SYSTEM = false>
 __device__ __forceinline__ bool acquire(const Params& p, int counter, unsigned target, int task, volatile int* quit) {
   bool ok = true;
   const unsigned long long start = now_ns();
   unsigned spins = 0;
+#if TP > 1
+  while ((SYSTEM ? ld_acquire_sys(&p.counters[counter]) : ld_acquire(&p.counters[counter])) < target) {
+#else
   while (ld_acquire(&p.counters[counter]) < target) {
+#endif
     if ((++spins & 1023) == 0) {
       if (quit && quit_seen(quit)) { ok = false; break; }
       if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) { ok = false; break; }
@@ -797,6 +830,57 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
   return ct < 32 ? draw_sorted(p, sp, sorted, reinterpret_cast<double*>(s.red + SR_MASS), part, pos, ct) : 0;
 }
 
+#if TP > 1
+// ---- tensor parallelism: exchanges between ranks (passes/synchronization.py) --------------
+// An exchanging task writes its part into its rank's slot of its receive buffer on every rank,
+// then arrives on its exchange counter on every rank and waits until all TP have arrived on
+// this rank's. Each writing thread fences at system scope before the barrier: its stores go
+// over NVLink, and the arrival's release (by another thread) must not overtake them.
+__device__ __forceinline__ void publish_partial(const Params& p, const int* t, int row, float y) {
+  const long long at = t[F_XCHG_BUF] + p.rank * t[F_XCHG_STRIDE] + row;
+#pragma unroll 1  // unrolled, it costs run_matvec the register that DeepSeek-V3.2's kernel lacks
+  for (int r = 0; r < TP; ++r) __stcg(p.peers->act[r] + at, y);
+}
+
+__device__ void exchange_arrive(const Params& p, const int* t) {
+  __threadfence_system();
+  compute_sync();
+  if (threadIdx.x == SIGNAL_THREAD) {
+#pragma unroll
+    for (int r = 0; r < TP; ++r) red_release_sys(p.peers->counters[r] + t[F_XCHG], 1);
+  }
+}
+// Waits (with the watchdog) until every rank's copy of the task has arrived on this rank's
+// exchange counter; false when the kernel is failing.
+__device__ bool exchange_await(const Params& p, Shared& s, const int* t, long long step, int task) {
+  bool ok = true;
+  if (threadIdx.x == 32) ok = acquire<true>(p, t[F_XCHG], static_cast<unsigned>(TP * (step + 1)), task, nullptr);
+  if (threadIdx.x == 32) s.flags[2] = ok;
+  compute_sync();
+  return s.flags[2];
+}
+
+// The all-reduce of an exchanging matrix-vector task (o_proj, the down projection): its rows'
+// partial sums from every rank, added in rank order (the same sum on every rank), plus the
+// residual, into its output rows.
+__device__ void sum_ranks(const Params& p, const int* t, int ct) {
+  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, stride = t[F_XCHG_STRIDE];
+  const float* slot = p.act + t[F_XCHG_BUF] + row0;
+  for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
+    float y = __ldcg(slot + i);
+#pragma unroll
+    for (int r = 1; r < TP; ++r) y += __ldcg(slot + r * stride + i);
+    __stcg(p.act + t[F_OUT] + row0 + i, y + __ldcg(p.act + t[F_AUX] + row0 + i));
+  }
+}
+__device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
+  exchange_arrive(p, t);
+  if (!exchange_await(p, s, t, step, task)) return false;
+  sum_ranks(p, t, ct);
+  return true;
+}
+#endif
+
 // ---- compute: matrix-vector tasks ----------------------------------------------------------
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
 // weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
@@ -1034,7 +1118,11 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
   for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+#if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
+  const bool add = adds_residual(t) && t[F_XCHG] < 0;
+#else
   const bool add = adds_residual(t);
+#endif
   const float res = add && ct < rows ? __ldcg(p.act + t[F_AUX] + row0 + ct) : 0.f;  // prefetched
   stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
 #if WEIGHT_FP8
@@ -1086,6 +1174,12 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     float y = s.acc[i * halves] * rstd;
     if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1] * rstd;
     if (add) y += i == ct ? res : __ldcg(p.act + t[F_AUX] + row0 + i);
+#if TP > 1
+    if (t[F_XCHG] >= 0) {  // a partial sum: to every rank, summed there (exchange_rows)
+      publish_partial(p, t, row0 + i, y);
+      continue;
+    }
+#endif
     __stcg(out + row0 + i, y);
     if (y > best) {  // rows visited in increasing order: the first maximum wins ties
       best = y;
@@ -1408,8 +1502,12 @@ __device__ void publish_token(const Params& p, long long step, int tok) {
   ring[step] = tok;
   __threadfence_system();
   *reinterpret_cast<volatile int*>(p.host_count) = static_cast<int>(step + 1);
+#if TP > 1  // the ranks' stop flags as the sampler's exchange agreed on them (run_argmax_ranks)
+  const bool stop = tok == p.eos_token || p.act[TP_STOP_AT] != 0.f || step + 1 == p.n_steps;
+#else
   const bool stop = tok == p.eos_token || *reinterpret_cast<volatile int*>(p.host_stop) != 0 ||
                     step + 1 == p.n_steps;
+#endif
   if (stop) p.status[ST_STOP] = static_cast<int>(step + 1);
 }
 
@@ -1430,6 +1528,51 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
   cta_best(s, best, tok, ct);
   if (ct == 0) publish_token(p, step, tok);
 }
+
+#if TP > 1
+// The greedy sampler over ranks: this rank's best (logit, row) pair of its vocabulary rows (row
+// made global) and its reading of the host's stop flag go to every rank; every rank then takes
+// the best of the TP pairs in rank order (ties to the lower row, as over the whole vocabulary)
+// and stops if any rank saw the flag, so all ranks emit the same token and stop together.
+__device__ void argmax_publish(const Params& p, Shared& s, const int* t, int ct) {
+  const float* part = p.act + t[F_IN];
+  float best = -INFINITY;
+  int tok = 0x7fffffff;
+  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32)
+    keep_best(__ldcg(part + 2 * i), __float_as_int(__ldcg(part + 2 * i + 1)), best, tok);
+  cta_best(s, best, tok, ct);
+  if (ct == 0) {
+    const int row = tok == 0x7fffffff ? tok : tok + static_cast<int>(p.rank) * TP_VOCAB_ROWS;
+    const float stop = *reinterpret_cast<volatile int*>(p.host_stop) != 0;
+    const long long at = t[F_XCHG_BUF] + p.rank * t[F_XCHG_STRIDE];
+    for (int r = 0; r < TP; ++r) {
+      __stcg(p.peers->act[r] + at, best);
+      __stcg(p.peers->act[r] + at + 1, __int_as_float(row));
+      __stcg(p.peers->act[r] + at + 2, stop);
+    }
+  }
+}
+__device__ void argmax_agree(const Params& p, const int* t, long long step, int ct) {
+  if (ct == 0) {
+    const float* slot = p.act + t[F_XCHG_BUF];
+    float stop = 0.f, best = -INFINITY;
+    int tok = 0x7fffffff;
+    for (int r = 0; r < TP; ++r) {
+      keep_best(__ldcg(slot + r * t[F_XCHG_STRIDE]), __float_as_int(__ldcg(slot + r * t[F_XCHG_STRIDE] + 1)), best, tok);
+      stop = fmaxf(stop, __ldcg(slot + r * t[F_XCHG_STRIDE] + 2));
+    }
+    p.act[TP_STOP_AT] = stop;
+    publish_token(p, step, tok);
+  }
+}
+__device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long long step, int task, int ct) {
+  argmax_publish(p, s, t, ct);
+  exchange_arrive(p, t);
+  if (!exchange_await(p, s, t, step, task)) return false;
+  argmax_agree(p, t, step, ct);
+  return true;
+}
+#endif
 
 #if MOE
 // ---- compute: the MoE router (ir/moe.py: route) ---------------------------------------------
@@ -1960,6 +2103,9 @@ __device__ void run_compute(const Params& p, Shared& s) {
         case OP_MATVEC_ADD:
           run_matvec(p, s, t, consumed, opaque(ct));
           if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, opaque(ct));
+#if TP > 1
+          if (t[F_XCHG] >= 0) ok = exchange_rows(p, s, t, step, id, opaque(ct));
+#endif
           break;
 #if MLA
         case OP_HEAD_MATVEC:
@@ -1975,7 +2121,11 @@ __device__ void run_compute(const Params& p, Shared& s) {
 #if !MLA
         case OP_ATTENTION: signal = run_attention(p, s, t, step, pos, consumed, ct); break;
 #endif
+#if TP > 1
+        case OP_ARGMAX: ok = run_argmax_ranks(p, s, t, step, id, opaque(ct)); break;
+#else
         case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;
+#endif
       }
       if (signal) signal_done(p, t);
       if (stamp) stamp[2] = now_ns();

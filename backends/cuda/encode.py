@@ -4,7 +4,8 @@ The field order is the `Field` enum of decode.cuh; this module and that enum cha
 A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
 shared expert), an MLA model's the `MLA_FIELDS`, a DSA model's then the `DSA_FIELDS` (decode.cuh
 declares them under `#if MOE`, `#if MOE_SHARED_K`, `#if MLA` and `#if DSA`), so that a dense
-model's table and kernel are what they were without them.
+model's table and kernel are what they were without them. Under tensor parallelism the
+`TP_FIELDS` come last (`#if TP > 1`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ SHARED_FIELDS = ("shared_in", "shared_lo", "shared_hi")
 MLA_FIELDS = ("in_stride", "head_rows", "append")
 # A dsa_score task's key LayerNorm bias (its weight is at `aux3`).
 DSA_FIELDS = ("norm_bias",)
+# Tensor parallelism: a task that exchanges with the other ranks (an all-reducing op's, the
+# sampler) arrives on exchange counter `xchg` of every rank after writing its part into its
+# rank's slot of the receive buffer at act offset `xchg_buf` (slots `xchg_stride` floats
+# apart); -1: no exchange (passes/synchronization.py).
+TP_FIELDS = ("xchg", "xchg_buf", "xchg_stride")
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
 WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
 FIELDS = (
@@ -95,7 +101,8 @@ def fields(program: Program) -> tuple[str, ...]:
     return (FIELDS + (MOE_FIELDS if "moe_topk" in opcodes else ())
             + (SHARED_FIELDS if shared else ())
             + (MLA_FIELDS if "mla_attention" in opcodes else ())
-            + (DSA_FIELDS if "dsa_score" in opcodes else ()))
+            + (DSA_FIELDS if "dsa_score" in opcodes else ())
+            + (TP_FIELDS if program.tp > 1 else ()))
 
 
 def _routed(program: Program, t: Task, op, counters: dict[str, int]) -> dict[str, int]:
@@ -253,7 +260,22 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
         lm = next(o for o in program.graph.ops() if o.attrs.get("epilogue") == "argmax")
         row.update(**{"in": _offset(program, "argmax_partials")}, count=lm.attrs["tile"]["tasks"],
                    aux=_offset(program, "sample_partials"))
+    if "xchg" in row:
+        row.update(_exchange(program, t))
     return [row[f] for f in cols]
+
+
+def _exchange(program: Program, t: Task) -> dict[str, int]:
+    """A task's TP fields: its exchange counter and receive buffer (see TP_FIELDS)."""
+    from tilertc.passes.residency import SAMPLE_EXCHANGE_FLOATS
+
+    if t.exchange < 0:
+        return {"xchg": -1}
+    if t.opcode == "argmax":
+        return {"xchg": t.exchange, "xchg_buf": _offset(program, "sample_exchange"),
+                "xchg_stride": SAMPLE_EXCHANGE_FLOATS}
+    return {"xchg": t.exchange, "xchg_buf": _offset(program, f"{t.op}.exchange"),
+            "xchg_stride": program.graph.op(t.op).attrs["rows"]}
 
 
 def counter_index(program: Program) -> dict[str, int]:

@@ -1,0 +1,242 @@
+"""Tensor parallelism (`--tp N`) in the CUDA backend, on the CPU: the synchronization pass's
+exchange counters, the verifier running every rank's streams, what the codegen refuses, how
+the engine cuts each rank's weights and caches, and whole decode steps of the kernel's own
+device code run on the host for every rank (tests/host_kernel.cpp `step`, the ranks' arenas as
+each other's peers) against the interpreter's unsharded step.
+
+On GPUs (>= 2) the same models run through `Engine` in tests/test_cuda_kernel.py
+(`TP_MODELS`).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from test_fp8_kernel import needs_nvcc
+from test_mla_kernel import DENSE, host_step
+from test_moe_kernel import TOOL, columns
+
+import tilertc
+from tilertc.artifact import ArtifactError
+from tilertc.backends.cuda import codegen
+from tilertc.backends.cuda.encode import TP_FIELDS
+from tilertc.driver import CompileOptions, compile
+from tilertc.engine import rank_devices, rank_state, shard_part, shard_weights
+from tilertc.ir.weights import random_weights
+from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.sharding import exchange_ops
+from tilertc.passes.verify import VerificationError, verify
+
+SEQ = 256
+
+
+def program(name: str, tp: int, **overrides: Any) -> Program:
+    return make_program(tilertc.load_spec(name, overrides=overrides or None), tp=tp,
+                        max_seq_len=SEQ, tuning={"compute_warps": 4})
+
+
+# -- synchronization and verification ------------------------------------------------------------
+
+def test_synchronization_adds_one_exchange_counter_per_all_reducing_task_and_the_sampler() -> None:
+    """tp 1: no exchanges. tp 2: every task of o_proj and down_proj (the all-reduces) and the
+    sampler has its own exchange counter, reaching tp per step; nothing else exchanges; the
+    ops' counters and waits are tp 1's."""
+    one, two = program("llama-tiny", 1), program("llama-tiny", 2)
+    assert all(t.exchange < 0 for t in one.tasks)
+    assert not any(".exchange" in c.name for c in one.counters)
+    ops = exchange_ops(two)
+    assert [op.name for op in ops] == [f"layers.{i}.{n}" for i in range(2)
+                                       for n in ("o_proj", "ffn.down_proj")]
+    exchanging = [t for t in two.tasks if t.exchange >= 0]
+    assert {t.op for t in exchanging} == {op.name for op in ops} | {"sample"}
+    assert len({t.exchange for t in exchanging}) == len(exchanging)  # one counter each
+    assert all(two.counters[t.exchange].per_step == 2 for t in exchanging)
+    ops_of = [c.name for c in two.counters if "[" not in c.name and ".exchange" not in c.name]
+    assert ops_of == [c.name for c in one.counters if "[" not in c.name]
+    assert ([op.attrs["waits"] for op in two.graph.ops()]
+            == [op.attrs["waits"] for op in one.graph.ops()])  # the same local waits
+
+
+@pytest.mark.parametrize("name, tp, overrides", [
+    ("llama-tiny", 2, {}), ("llama-tiny", 4, {}), ("qwen3-moe-tiny", 2, {}),
+    ("deepseek-v3-tiny", 2, DENSE), ("deepseek-v3.2-tiny", 2, {})])
+def test_every_ranks_streams_verify(name: str, tp: int, overrides: dict) -> None:
+    verify(program(name, tp, **overrides), "structural")
+
+
+def test_verifier_catches_an_exchange_counter_that_is_not_the_tasks_own() -> None:
+    """Two tasks on one exchange counter: it gets 2 x tp arrivals a step, where tp are
+    expected."""
+    p = program("llama-tiny", 2)
+    a, b = [t for t in p.tasks if t.op == "layers.0.o_proj"][:2]
+    b.exchange = a.exchange
+    with pytest.raises(VerificationError, match="expects 2 increments per step but 4") as e:
+        verify(p, "structural")
+    assert e.value.kind == "counter"
+
+
+def test_verifier_finds_a_rank_that_never_arrives() -> None:
+    """An exchange that waits for more arrivals than the ranks give (tp + 1 expected, the
+    counter's count raised to match) never completes: a deadlock across ranks, named."""
+    p = program("llama-tiny", 2)
+    t = next(t for t in p.tasks if t.op == "layers.1.o_proj")
+    p.counters[t.exchange].per_step = 3
+    p.tp = 3  # the machine runs 3 ranks; the other exchange counters expect 2
+    with pytest.raises(VerificationError) as e:
+        verify(p, "structural")
+    assert e.value.kind in ("counter", "deadlock")
+
+
+# -- the codegen ------------------------------------------------------------------------------
+
+def test_codegen_refuses_what_tp_does_not_run_by_name() -> None:
+    with pytest.raises(ScheduleError, match="op 'layers.0.moe.topk': routed experts under "
+                                            "--tp 2 .* not yet in the CUDA backend"):
+        codegen.check_supported(program("qwen3-moe-tiny", 2))
+    wide = program("llama-tiny", 2)
+    wide.tp = 16
+    with pytest.raises(ScheduleError, match="--tp 16: the CUDA backend runs at most 8 ranks"):
+        codegen.check_supported(wide)
+    fp8 = tilertc.load_spec("llama-tiny", overrides={"quantization_config": {
+        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}})
+    with pytest.raises(ScheduleError, match="FP8 weights are supported at --tp 1 only"):
+        make_program(fp8, tp=2, max_seq_len=SEQ)
+
+
+def test_tp_constants_only_where_there_are_ranks() -> None:
+    one = codegen.constants(program("llama-tiny", 1))
+    two_p = program("llama-tiny", 2)
+    two = codegen.constants(two_p)
+    assert one["TP"] == 1 and "TP_VOCAB_ROWS" not in one
+    assert two["TP"] == 2 and two["TP_VOCAB_ROWS"] == two_p.spec.vocab_size // 2
+    assert two["TP_STOP_AT"] == two_p.buffers["sample_exchange"].offset + 3
+
+
+def test_tp_artifacts_compile_without_spills(tmp_path: Path) -> None:
+    """llama-tiny at tp 2 and a 3-layer full-size DeepSeek-V3.2 (MLA, the DSA indexer, bf16)
+    at tp 8 build checked kernels without spills, their tables with the TP fields and the
+    manifest with each sharded weight's part."""
+    needs_nvcc()
+    full = tilertc.load_spec("deepseek-v3.2", overrides={
+        "num_hidden_layers": 3, "quantization_config": None})
+    for name, spec, tp in (("llama", tilertc.load_spec("llama-tiny"), 2), ("ds32", full, 8)):
+        out = compile(spec, tmp_path / name, CompileOptions(max_seq_len=512, tp=tp))
+        assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
+        col, m = columns(out)
+        assert m["task_fields"][-3:] == list(TP_FIELDS)
+        assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, m["kernel"]["ptxas"]
+        assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, m["kernel"]["ptxas"]
+        assert m["tp"]["tp"] == tp
+        lm_head = "model.embed_tokens.weight" if spec.tie_word_embeddings else "lm_head.weight"
+        assert m["tp"]["shards"][lm_head] == {"axis": 0, "parts": tp}
+        # every exchange counter has its one task in the table
+        assert (col["xchg"] >= 0).sum() == sum(1 for c in m["counters"] if ".exchange" in c)
+
+
+# -- the engine's cut of weights and caches -----------------------------------------------------
+
+def test_shard_parts_split_or_replicate() -> None:
+    assert shard_part(8, 4, 1, 2) == slice(4, 8)
+    assert [shard_part(2, 1, r, 4) for r in range(4)] == [slice(0, 1)] * 2 + [slice(1, 2)] * 2
+    for size, tp in ((2, 2), (3, 4)):  # the ranks would not cover it; not whole parts
+        with pytest.raises(ArtifactError, match=f"cannot cut 8 elements into {tp} ranks' "
+                                                f"parts of {size}"):
+            shard_part(8, size, 0, tp)
+
+
+def test_rank_weights_and_caches_are_their_heads_rows_and_columns() -> None:
+    """llama-tiny (4 heads, 2 KV heads) at tp 4: rank r holds query head r, KV head r // 2
+    (replicated on two ranks), its columns of o_proj, a quarter of the MLP and of lm_head
+    (the tied embedding's rows), the norms whole."""
+    p = program("llama-tiny", 4)
+    from tilertc.driver import _tp_record
+
+    m = {"tp": _tp_record(p), "kv_cache": {"n_kv_heads": 1, "layers": {
+        "0": {"k": "layers.0.k_cache", "v": "layers.0.v_cache"}}}}
+    w = random_weights(tilertc.build_graph(p.spec, SEQ), seed=3)
+    hd = p.spec.head_dim
+    for r in range(4):
+        mine = shard_weights(m, w, r)
+        pre = "model.layers.0."
+        assert torch.equal(mine[pre + "self_attn.q_proj.weight"],
+                           w[pre + "self_attn.q_proj.weight"][r * hd:(r + 1) * hd])
+        kv = r // 2
+        assert torch.equal(mine[pre + "self_attn.k_proj.weight"],
+                           w[pre + "self_attn.k_proj.weight"][kv * hd:(kv + 1) * hd])
+        assert torch.equal(mine[pre + "self_attn.o_proj.weight"],
+                           w[pre + "self_attn.o_proj.weight"][:, r * hd:(r + 1) * hd])
+        q = w[pre + "mlp.down_proj.weight"].shape[1] // 4
+        assert torch.equal(mine[pre + "mlp.down_proj.weight"],
+                           w[pre + "mlp.down_proj.weight"][:, r * q:(r + 1) * q])
+        v = p.spec.vocab_size // 4  # tied: the packed lm_head rows; the engine embeds from w
+        assert torch.equal(mine["model.embed_tokens.weight"],
+                           w["model.embed_tokens.weight"][r * v:(r + 1) * v])
+        assert mine[pre + "input_layernorm.weight"] is w[pre + "input_layernorm.weight"]
+        cache = torch.randn(10, 2, hd)
+        state = rank_state(m, {"layers.0.k_cache": cache, "layers.0.v_cache": cache}, r)
+        assert torch.equal(state["layers.0.k_cache"], cache[:, kv:kv + 1])
+
+
+def test_sampling_under_tp_is_refused_by_name() -> None:
+    from tilertc.engine import _greedy_only
+    from tilertc.ir.sampling import SamplingParams
+
+    _greedy_only(SamplingParams(0.0, 0, 1.0, 0), 2)
+    with pytest.raises(ValueError, match="sampling under --tp 2 is greedy only"):
+        _greedy_only(SamplingParams(0.7, 0, 1.0, 0), 2)
+
+
+def test_engine_needs_as_many_gpus_as_ranks() -> None:
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 8:
+        pytest.skip("this machine has the GPUs")
+    with pytest.raises(ArtifactError, match="compiled for --tp 8: it runs on 8 GPUs from "
+                                            "cuda:0, and this machine has"):
+        rank_devices(8, torch.device("cuda", 0))
+
+
+# -- decode steps of every rank, on the host -----------------------------------------------------
+
+# (model, overrides, tp, target SMs, prefill): GQA with a KV head per rank and with KV heads
+# replicated on two ranks (tp 4 over 2 KV heads); MLA (the latent cache whole on every rank).
+STEPS = [("llama-tiny", {}, 2, 132, 40), ("llama-tiny", {}, 4, 7, 100),
+         ("deepseek-v3-tiny", DENSE, 2, 132, 20)]
+
+
+@pytest.mark.parametrize("name, overrides, tp, sms, prefill", STEPS)
+def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
+        tmp_path: Path, name: str, overrides: dict, tp: int, sms: int, prefill: int) -> None:
+    """Every rank's decode step through decode.cuh's own code (its shard's tasks, its exchanges
+    with the other ranks' arenas) against the interpreter's step of the whole model on the same
+    weights: the all-reduced residual stream of every layer is bit-identical on every rank and
+    equals the interpreter's up to reassociation; the logits (every rank's vocabulary rows) and
+    the token, which every rank picks, are the interpreter's."""
+    import dataclasses
+
+    from tilertc.ir.target import get_target
+
+    spec = tilertc.load_spec(name, overrides=overrides or None)
+    target = dataclasses.replace(get_target("h200"), name=f"h200-{sms}", num_sms=sms)
+    p = make_program(spec, target, tp=tp, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
+    gen = torch.Generator().manual_seed(prefill)
+    prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
+    token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    got, bufs, env, _ = host_step(tmp_path, p, weights, prompt, token)
+    for layer in range(spec.num_layers):
+        for part in ("x.attn", "x.ffn"):
+            key = f"layers.{layer}.{part}"
+            for r, rank in enumerate(bufs["ranks"][1:], 1):
+                assert torch.equal(rank[key], bufs[key]), f"{key}: rank {r} differs from rank 0"
+            want = env[key][0]
+            tol = 1e-4 * float(want.abs().max())
+            assert torch.allclose(bufs[key], want, rtol=1e-4, atol=tol), (
+                f"{key}: max difference {float((bufs[key] - want).abs().max()):.3g}")
+    logits = env["logits"][0]
+    assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
+    assert got == int(logits.argmax())
