@@ -118,7 +118,8 @@ def copy_cache(m: dict[str, Any], state: dict[str, torch.Tensor], pos: torch.Ten
     for names in cfg["layers"].values():
         for name in names.values():
             b = m["buffers"][name]
-            dst, src = kv[b["offset"] : b["offset"] + b["numel"]], state[name][pos]
+            dst = kv[b["offset"] : b["offset"] + b["numel"]]
+            src = state[name][pos].to(kv.device)  # under tp, a rank's GPU is not the interpreter's
             if "latent" in names:
                 dst.view(state[name].shape)[pos.to(kv.device)] = src.to(torch.bfloat16)
             else:  # src [n, kvh, hd]
