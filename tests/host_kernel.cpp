@@ -20,8 +20,8 @@
 //   dsa_topk N (SCORE_BITS)*N        -> (built with DSA=1) the DSA indexer's selection of the
 //                                       DSA_TOPK best of N scores (run_dsa_topk at position
 //                                       N - 1): DSA_TOPK token ids, -1 where unused
-//   step DIR TOKEN POS ROPE          -> (built with MLA=1, every kernel constant as -D, from
-//                                       tests/test_mla_kernel.py) one decode step: the tasks of
+//   step DIR TOKEN POS ROPE          -> (built with HOST_STEP=1 and every kernel constant as -D,
+//                                       by tests/test_mla_kernel.py) one decode step: the tasks of
 //                                       DIR/tasks.bin in order, each as the compute warps run it,
 //                                       on the arenas DIR/act.bin, DIR/kv.bin (written back in
 //                                       place), the packed weights DIR/weights.bin and the
@@ -30,7 +30,9 @@
 //                                       loader's part is a copy of each task's pages into the
 //                                       ring before the task (a routed task's through the
 //                                       loader's own route_pieces and copy_pieces, in MoE
-//                                       models); counters are a host array.
+//                                       models, a split-K FFN task's through its own
+//                                       load_split_k; an attention chunk's keys and values as
+//                                       load_kv_chunk cuts them); counters are a host array.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -38,11 +40,13 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <ucontext.h>
 #include <vector>
 
 #define __device__
 #define __forceinline__ inline
+using std::max;
 using std::min;
 typedef uint16_t __nv_bfloat16;
 struct float2 {
@@ -63,6 +67,10 @@ struct alignas(16) uint4 {
 struct int2 {
   int x, y;
 };
+struct alignas(16) longlong2 {
+  long long x, y;
+};
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct __nv_bfloat162 {
   __nv_bfloat16 x, y;
 };
@@ -82,6 +90,8 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
   return static_cast<__nv_bfloat16>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+static inline long long __float2ll_rn(float x) { return std::llrint(x); }  // round to nearest even
+static inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
 #define __expf expf  // glibc declares __expf; the GPU intrinsic is a faster expf
 static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -213,6 +223,11 @@ static inline void mbar_arrive(uint64_t*) {}
 // router has run (acquire has nothing to wait for), and a bulk copy is a copy.
 static inline bool acquire(const Params&, int, unsigned, int, volatile int*) { return true; }
 static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
+static inline void mbar_expect_tx(uint64_t*, uint32_t) {}
+template <class P, class S> static uint8_t* claim_page(const P&, S& s, uint32_t issued) {  // a ring always free
+  return s.ring + issued % RING_PAGES * PAGE_BYTES;
+}
+static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
 
 #include "kernel_extract.inc"
 
@@ -358,7 +373,7 @@ static void dsa_topk_command() {
 }
 #endif
 
-#if MLA
+#if HOST_STEP
 static std::vector<char> read_file(const std::string& path) {
   std::vector<char> out;
   if (FILE* f = std::fopen(path.c_str(), "rb")) {
@@ -391,6 +406,7 @@ static void step_command() {
   std::vector<int> tasks(tasks_b.size() / 4);
   std::memcpy(tasks.data(), tasks_b.data(), tasks_b.size());
   std::vector<unsigned> counters(1 << 16, 0);
+  std::vector<uint4> ring(RING_PAGES * PAGE_BYTES / 16);
   SampleArgs args{0.0, 1.0, 0, 0};  // greedy
   int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
   Params p{};
@@ -412,7 +428,6 @@ static void step_command() {
   p.sample = &args;
   std::vector<float4> vec(MAX_K / 4 + 1), acc(ACC_FLOATS / 4 + 1);
   std::vector<float> red(MISC_FLOATS, NAN);
-  std::vector<uint4> ring(RING_PAGES * PAGE_BYTES / 16);
   int flags[8] = {};
   Shared s{};
   s.ring = reinterpret_cast<uint8_t*>(ring.data());
@@ -424,6 +439,35 @@ static void step_command() {
   uint32_t consumed = 0;
   for (size_t id = 0; id < tasks.size() / TASK_FIELDS; ++id) {
     const int* t = &tasks[id * TASK_FIELDS];
+#if !MLA
+    if (t[F_OPCODE] == OP_ATTENTION) {  // as load_kv_chunk: the chunk's past keys, then values
+      const KvChunk ch = kv_chunk(t, pos);
+      const long long row0 = static_cast<long long>(t[F_ROW0]) * MAX_SEQ + ch.k0;
+      if ((ch.past + KV_KEYS_PER_PAGE - 1) / KV_KEYS_PER_PAGE > RING_PAGES) {
+        std::printf("task %zu has more pages than the ring\n", id);
+        return;
+      }
+      for (long long r = 0, i = 0; r < ch.past; r += KV_KEYS_PER_PAGE, ++i) {
+        uint8_t* page = s.ring + (consumed + i) % RING_PAGES * PAGE_BYTES;
+        const size_t bytes = static_cast<size_t>(std::min<long long>(KV_KEYS_PER_PAGE, ch.past - r)) * KV_ROW_BYTES;
+        std::memcpy(page, p.kv + t[F_KCACHE] + (row0 + r) * HEAD_DIM, bytes);
+        std::memcpy(page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, p.kv + t[F_VCACHE] + (row0 + r) * HEAD_DIM, bytes);
+      }
+    }
+#endif
+#if FFN_SPLIT_K
+    if (t[F_OPCODE] == OP_FFN_SPLIT_K) {  // the loader's own code, into the slots compute reads
+      const int width = t[F_ROW1] - t[F_ROW0];
+      const int pages = (width + rows_per_page(t) - 1) / rows_per_page(t) +
+                        (t[F_K] + PAGE_BYTES / (2 * width) - 1) / (PAGE_BYTES / (2 * width));
+      if (pages > RING_PAGES) {
+        std::printf("task %zu has more pages than the ring\n", id);
+        return;
+      }
+      uint32_t issued = consumed;
+      load_split_k(p, s, t, issued);
+    }
+#endif
     if (has_weights(t)) {  // the loader's pages of this task, into the slots compute will read
       const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src =
@@ -463,12 +507,21 @@ static void step_command() {
 #endif
         case OP_NORM_MATVEC:
         case OP_MATVEC_ADD:
-        case OP_HEAD_MATVEC:
           run_matvec(p, s, t, mine, ct);
           if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, ct);
-          if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
+          break;
+#if MLA
+        case OP_HEAD_MATVEC:
+          run_matvec(p, s, t, mine, ct);
+          if (t[F_APPEND]) mla_append_latent(p, t, pos, ct);
           break;
         case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
+#else
+        case OP_ATTENTION: run_attention(p, s, t, 0, pos, mine, ct); break;
+#endif
+#if FFN_SPLIT_K
+        case OP_FFN_SPLIT_K: run_split_k(p, s, t, mine, ct); break;
+#endif
 #if DSA
         case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, ct); break;
         case OP_DSA_TOPK: run_dsa_topk(p, s, t, pos, ct); break;
@@ -518,7 +571,7 @@ int main() {
     } else if (!std::strcmp(op, "dsa_topk")) {
       dsa_topk_command();
 #endif
-#if MLA
+#if HOST_STEP
     } else if (!std::strcmp(op, "step")) {
       step_command();
 #endif
