@@ -10,13 +10,19 @@ the earlier one's writes. The embedding of step s waits on the argmax of step s 
 which is what closes the token loop inside the kernel. A chunked attention op signals once per
 KV group: its chunk tasks arrive on a per-group counter and the last to arrive merges the
 group and signals.
+
+A split-K FFN's output has two writers in a step: the op before it writes the start value,
+then every FFN task adds onto it. The adds must come after the start value (the FFN op must
+wait for that op, which it does because it reads the op's x.attn: checked here) and every
+reader after all adds (a reader waits for the FFN op, the output's last writer, whose counter
+counts every task).
 """
 
 from __future__ import annotations
 
 import networkx as nx
 
-from tilertc.passes.program import Counter, Program
+from tilertc.passes.program import Counter, Program, ScheduleError
 
 MAX_WAITS = 2
 
@@ -47,6 +53,14 @@ def synchronize(program: Program) -> Program:
         waits_of[op.name] = waits
         op.attrs["waits"] = [f"{ops[c].name}{' (previous step)' if lag else ''}"
                              for c, _, lag in waits]
+    for op in ops:
+        start = next((p for p in g.producers(op.name)
+                      if p.attrs.get("start_value") in op.outputs), None)
+        if op.attrs.get("accumulate") and (start is None or not any(
+                start.name == ops[c].name or start.name in ancestors[ops[c].name]
+                for c, _, _ in waits_of[op.name])):
+            raise ScheduleError(f"op {op.name!r} adds into {op.outputs[0]!r} without waiting "
+                                "for the op that writes its start value")
     for t in program.tasks:
         t.waits = [(c, per, lag) for c, per, lag in waits_of[t.op]]
         t.signal = index[t.op]

@@ -34,8 +34,8 @@ from tilertc.ir.mla import kv_b_per_head
 from tilertc.ir.target import get_target
 from tilertc.ir.weights import random_weights
 from tilertc.model_specs.spec import ModelSpec
-from tilertc.passes.pipeline import make_program
 from tilertc.passes.fusion import FIXED_FRAC_BITS
+from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.task_semantics import from_fixed
 
