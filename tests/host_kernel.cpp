@@ -457,6 +457,7 @@ static void step_command() {
       }
     }
 #endif
+    long long issued_pages = -1;  // a split-K task: the pages its loader issued, which compute must consume
 #if FFN_SPLIT_K
     if (t[F_OPCODE] == OP_FFN_SPLIT_K) {  // the loader's own code, into the slots compute reads
       const int width = t[F_ROW1] - t[F_ROW0];
@@ -468,6 +469,7 @@ static void step_command() {
       }
       uint32_t issued = consumed;
       load_split_k(p, s, t, issued);
+      issued_pages = issued - consumed;
     }
 #endif
     if (has_weights(t)) {  // the loader's pages of this task, into the slots compute will read
@@ -532,6 +534,10 @@ static void step_command() {
       }
       if (ct == 0) consumed = mine;
     });
+    if (issued_pages >= 0 && issued_pages != consumed - before) {
+      std::printf("task %zu: the loader issued %lld pages, compute consumed %u\n", id, issued_pages, consumed - before);
+      return;
+    }
   }
   write_file(d + "/act.bin", act.data(), act.size() * 4);
   write_file(d + "/kv.bin", kv.data(), kv.size() * 2);
