@@ -57,7 +57,9 @@ GATE_PROMPT, GATE_STEPS, GATE_MAX_STEPS = 32, 16, 64
 WARMUP_TOKENS = 8
 PREFILL_CHUNK = 1024
 PROFILE_STEPS = 8
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups")  # CompileOptions' tuning fields
+# CompileOptions' tuning fields; the flags among them take 0 or 1
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "ffn_split_k")
+TUNING_FLAGS = ("ffn_split_k",)
 
 Phase = Callable[[str], AbstractContextManager[None]]
 
@@ -136,7 +138,12 @@ def parse_tuning(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
         if not sep or key not in TUNING_KNOBS or not value.strip().isdigit():
             raise ValueError(f"expected KNOB=INTEGER with KNOB one of {', '.join(TUNING_KNOBS)}, "
                              f"got {pair!r}")
-        out.append((key, int(value)))
+        if key in TUNING_FLAGS:
+            if value.strip() not in ("0", "1"):
+                raise ValueError(f"{key} is a flag: expected {key}=0 or {key}=1, got {pair!r}")
+            out.append((key, value.strip() == "1"))
+        else:
+            out.append((key, int(value)))
     return tuple(out)
 
 

@@ -105,25 +105,33 @@ WEIGHT_DTYPE = click.option(
               help="Tensor-parallel ranks (GPUs of one NVLink host); one cubin runs on each.")
 @click.option("--lineinfo", is_flag=True,
               help="Keep source lines in the cubin (for compute-sanitizer and Nsight).")
+@click.option("--tune", multiple=True, metavar="KNOB=N",
+              help="A schedule knob instead of the passes' choice (repeatable): compute_warps, "
+                   "page_kb, page_groups, or ffn_split_k=1 (each dense MLP as one split-K op).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
-                    tp: int, lineinfo: bool) -> None:
+                    tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:
     """Compile MODEL into one persistent CUDA kernel and write an artifact directory.
 
     MODEL is a built-in name (e.g. llama-3.2-1b), a config.json, or a directory holding one.
     Needs nvcc, not a GPU.
     """
     from tilertc.artifact import read_manifest
+    from tilertc.bench import parse_tuning
     from tilertc.compile_report import StageDisplay, print_summary
     from tilertc.driver import CompileOptions, compile
 
+    try:
+        tuning = parse_tuning(tune)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--tune") from None
     try:
         spec = load_spec(model, parse_overrides(overrides))
     except SpecError as e:
         raise click.ClickException(str(e)) from None
     options = CompileOptions(target=target.lower(), backend=backend,
                              max_seq_len=kv_capacity(spec, max_seq_len), weight_dtype=weight_dtype,
-                             tp=tp, lineinfo=lineinfo)
+                             tp=tp, lineinfo=lineinfo, **dict(tuning))
     console = Console(stderr=True)
     started = time.perf_counter()
     try:
@@ -293,8 +301,8 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 @click.option("--profile", is_flag=True, help="Also profile a few steps of the kernel: a per-op "
               "table and timeline.png.")
 @click.option("--tune", multiple=True, metavar="KNOB=N",
-              help="Compile with a schedule knob set (compute_warps, page_kb, page_groups) "
-                   "instead of the passes' choice (repeatable).")
+              help="Compile with a schedule knob set (compute_warps, page_kb, page_groups, "
+                   "ffn_split_k=0/1) instead of the passes' choice (repeatable).")
 @click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",
               help="Compile and time one kernel per backend, e.g. cuda,tilelang; the first is "
                    "reported as tilertc, the others as tilertc-BACKEND.")

@@ -27,7 +27,7 @@ from tilertc.passes.packing import expert_weights, static_bytes
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import rope_dim
-from tilertc.passes.tiling import weight_row_bytes
+from tilertc.passes.tiling import segment_bytes, weight_row_bytes
 
 BACKENDS = ("cuda", "tilelang")
 
@@ -46,6 +46,9 @@ class CompileOptions:
     # Projection weights: "fp8" (e4m3, 128x128 block scales) or "bf16"; None: the model
     # config's own format (bf16 unless it has an FP8 quantization_config).
     weight_dtype: str | None = None
+    # A dense MLP as one split-K op per layer instead of gate/up then down (passes/fusion.py:
+    # _fuse_split_k); off until measured on the GPU.
+    ffn_split_k: bool = False
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -74,18 +77,21 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
     for t in program.tasks:
         if not t.segments:  # no weights, or routed ones (below)
             continue
-        ws = [g.tensors[s.tensor] for s in t.segments]
+        rows = [s for s in t.segments if s.cols is None]
+        ws = [g.tensors[s.tensor] for s in rows]
         routed = t.static_offset >= 0  # a routed task's static rows (the shared expert's)
+        sliced = [segment_bytes(program, s) for s in t.segments if s.cols is not None]
         entry = {"offset": t.static_offset if routed else t.weight_offset,
-                 "bytes": static_bytes(program, t) if routed else t.weight_bytes,
+                 "bytes": static_bytes(program, t) if routed else t.weight_bytes - sum(sliced),
                  "interleave": bool(g.op(t.op).attrs.get("interleave")),
                  "format": ws[0].dtype,
                  "segments": [[w.hf_name, s.row0, s.row1]
-                              for w, s in zip(ws, t.segments, strict=True)]}
+                              for w, s in zip(ws, rows, strict=True)]}
         if "derived" in ws[0].attrs:  # rows of a weight derived from the checkpoint tensor
             a = g.op(t.op).attrs
             entry["derived"] = [ws[0].attrs["derived"], {k: a[k] for k in MLA_DIMS}]
         layout.append(entry | _fp8_rows(g, ws))
+        layout += _column_slices(program, t, entry["offset"] + entry["bytes"])
     for op in g.ops():
         region = op.attrs.get("experts_packed")
         if region is None:
@@ -98,6 +104,19 @@ def _weight_layout(program: Program) -> list[dict[str, Any]]:
                            "format": ws[0].dtype, "expert": [op.name, e],
                            "segments": [[w.hf_name, 0, rows] for w in ws]} | _fp8_rows(g, ws))
     return layout
+
+
+def _column_slices(program: Program, t, offset: int) -> list[dict[str, Any]]:
+    """A task's column slices (a split-K FFN's part of W_down), each packed after its rows at
+    `offset`: every row of the segment, only the columns [c0, c1) of each (`columns`)."""
+    out = []
+    for s in (s for s in t.segments if s.cols is not None):
+        w = program.graph.tensors[s.tensor]
+        n = segment_bytes(program, s)
+        out.append({"offset": offset, "bytes": n, "interleave": False, "format": w.dtype,
+                    "segments": [[w.hf_name, s.row0, s.row1]], "columns": list(s.cols)})
+        offset += n
+    return out
 
 
 def _fp8_rows(g: Graph, ws: list[Tensor]) -> dict[str, Any]:
@@ -218,6 +237,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     tuning = {k: v for k, v in (("compute_warps", options.compute_warps),
                                 ("page_kb", options.page_kb),
                                 ("page_groups", options.page_groups)) if v is not None}
+    if options.ffn_split_k:
+        tuning["ffn_split_k"] = True
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
     say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
     consts = codegen.constants(program)

@@ -64,8 +64,8 @@ ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weig
 def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
                  device: torch.device) -> torch.Tensor:
     """The packed weight buffer (bytes) of a manifest's `weights` entry: each task's rows at its
-    offset, gate/up pairs interleaved row by row, FP8 rows followed by their block scales
-    (docs/artifact.md)."""
+    offset, gate/up pairs interleaved row by row, FP8 rows followed by their block scales, a
+    column slice (a split-K FFN's part of W_down) as rows of its columns (docs/artifact.md)."""
     packed = torch.zeros(layout["packed_bytes"], dtype=torch.uint8, device=device)
     # Only the tensors the current entry reads stay on the device, which keeps packing memory
     # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
@@ -82,8 +82,9 @@ def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
         for name, k in keys - set(on_dev):
             w = weights[name].to(device)
             on_dev[name, k] = derive_kv_b(w, k, dims) if k else w
+        c0, c1 = entry.get("columns", (None, None))  # a column slice: those of each row
         parts = [pack_rows(on_dev[name, kind], on_dev[scale, ""], r0, r1, tuple(entry["block"]))
-                 if scale else on_dev[name, kind][r0:r1].view(torch.uint8)
+                 if scale else on_dev[name, kind][r0:r1, c0:c1].contiguous().view(torch.uint8)
                  for (name, r0, r1), scale in zip(entry["segments"], scales, strict=True)]
         rows = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)
         packed[entry["offset"] : entry["offset"] + rows.numel()] = rows.reshape(-1)

@@ -20,7 +20,9 @@ from typing import Any
 
 import networkx as nx
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "int32": 4, "int64": 8}
+# fx64: a signed 64-bit fixed-point value (its tensor's `frac_bits` attr), the sum a split-K
+# FFN accumulates (passes/fusion.py: _fuse_split_k)
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp8_e4m3": 1, "int32": 4, "int64": 8, "fx64": 8}
 
 
 class TensorKind(str, Enum):
@@ -154,9 +156,11 @@ class Graph:
             if n not in old:
                 rebuilt.add_node(n, **self.nx.nodes[n])
         self.nx = rebuilt
-        self._rebuild_edges()
+        self.rebuild_edges()
 
-    def _rebuild_edges(self) -> None:
+    def rebuild_edges(self) -> None:
+        """Derive the edges again from the ops' inputs and outputs (after a pass changed
+        an op's outputs)."""
         self._writer = {}
         self.nx.remove_edges_from(list(self.nx.edges))
         for op in self.ops():
@@ -193,7 +197,7 @@ class Graph:
             op = Op(o["name"], o["opcode"], tuple(o["inputs"]), tuple(o["outputs"]),
                     dict(o["attrs"]), o["layer"])
             g.nx.add_node(op.name, op=op)
-        g._rebuild_edges()
+        g.rebuild_edges()
         return g
 
 

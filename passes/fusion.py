@@ -12,6 +12,9 @@ next to the weight stream, so everything elementwise is folded into a neighbour:
   with the final `argmax`                             -> `norm_matvec` epilogue `argmax`
   (each task writes its (max, index)) + `argmax` (the reduction over tasks);
 - `linear` + residual `add`                           -> `matvec_add`;
+- with `ffn_split_k` (a compile option, off by default), a dense MLP's norm, gate/up,
+  `silu_mul`, down and residual `add`                 -> `ffn_split_k`, one op instead of two
+  (see `_fuse_split_k`);
 - `head_rms_norm` (qk-norm) + `rope` + `kv_append` + `attention`
                                                       -> `attention` with a prologue.
   The prologue goes into attention, not into the QKV epilogue, because QKV is tiled by rows
@@ -27,12 +30,17 @@ its view (`locate`): the base tensor and an offset (`in_offset` of a `norm_matve
 
 from __future__ import annotations
 
+import dataclasses
+
 from tilertc.ir.graph import Graph, Op, TensorKind
 from tilertc.passes.program import Program, ScheduleError
 
 FUSED_OPCODES = ("embed", "norm_matvec", "matvec_add", "attention", "argmax",
                  "head_matvec", "mla_attention", "dsa_score", "dsa_topk",
-                 "moe_topk", "moe_gate_up", "moe_down_add")
+                 "moe_topk", "moe_gate_up", "moe_down_add", "ffn_split_k")
+# Fraction bits of the fixed-point residual stream a split-K FFN accumulates into (see
+# `_fuse_split_k`): |x| < 2^31, resolution 2^-32.
+FIXED_FRAC_BITS = 32
 # names of multi-projection norm_matvecs by the norm that feeds them (others: "<norm>_proj")
 PROJECTION_NAMES = {"input_norm": "attn_in_proj", "q_resid_norm": "q_b_proj"}
 
@@ -116,6 +124,7 @@ def fuse(program: Program) -> Program:
                 _fuse_attention(f, op)
         else:
             raise ScheduleError(f"op {op.name!r}: opcode {op.opcode!r} has no fused form")
+    _start_values(f)
     program.graph = f.out
     counts: dict[str, int] = {}
     for op in f.out.ops():
@@ -160,6 +169,9 @@ def _fuse_norm(f: Fusion, norm: Op) -> None:
     if len(linears) == 2 and len(users) == 2 and users[0] is users[1] and \
             users[0].opcode == "silu_mul":
         act = users[0]
+        if f.program.config.get("tuning", {}).get("ffn_split_k"):
+            _fuse_split_k(f, norm, linears, act)
+            return
         rows = g.tensors[weights[0]].shape[0]
         name = linears[0].name.rsplit(".", 1)[0] + ".gate_up_proj"
         f.emit(name, "norm_matvec", [x, gamma, *weights], list(act.outputs), norm.layer,
@@ -185,6 +197,95 @@ def _fuse_norm(f: Fusion, norm: Op) -> None:
         out = f.concat(name, [op.outputs[0] for op in linears])
     f.emit(name, "norm_matvec", [x, gamma, *weights], [out], norm.layer, [norm, *linears],
            rows=rows, epilogue="none", interleave=False, **common)
+
+
+def _fuse_split_k(f: Fusion, norm: Op, linears: list[Op], act: Op) -> None:
+    """A dense MLP as one op whose tasks each own a slice of the intermediate dimension
+    (split-K over the down projection): norm, gate/up rows of the slice, `silu_mul` into shared
+    memory, then the slice's columns of W_down, whose partial sums (all `hidden` of them) are
+    added into the layer's output. Without it the MLP is two all-to-all ops (gate/up, then
+    down), and each op boundary costs a counter wait on every SM plus the down tasks' staging
+    of the whole intermediate vector from L2; here the intermediate vector never leaves the SM.
+
+    The output x.ffn becomes a sum of every task's contribution onto a start value, x.attn,
+    which the op that writes x.attn (o_proj's `matvec_add`) also writes there (`_start_values`).
+    The sum is DETERMINISTIC: x.ffn is a signed 64-bit fixed-point buffer (dtype `fx64`,
+    `FIXED_FRAC_BITS` = 32 fraction bits) and each contribution is rounded to it before an
+    integer add, so the result does not depend on the order of the adds (integer addition is
+    associative; partial sums that wrap cancel, as long as the final value fits). The range
+    is |x.ffn| < 2^31, far above a bf16 model's residual stream; the resolution 2^-32 adds at
+    most (tasks + 1) x 2^-33 (~1.5e-8 at 132 tasks) to the f32 path's error, below one f32
+    rounding of any value above ~2^-8. Its readers (the next layer's norm prologue and
+    residual, or the final norm) convert it back to fp32. Refused, by name, where the kernel
+    does not cover it: FP8 weights (a slice of down columns would cut 128-wide scale blocks)
+    and tensor parallelism (the down projection's all-reduce)."""
+    g, layer = f.g, norm.layer
+    down = f.consumers(act.outputs[0])
+    add = f.consumers(down[0].outputs[0]) if len(down) == 1 else []
+    name = linears[0].name.rsplit(".", 1)[0] + ".split_k"
+    if len(down) != 1 or down[0].opcode != "linear" or len(operands(g, down[0])) != 2 or \
+            len(add) != 1 or add[0].opcode != "add":
+        raise ScheduleError(f"op {name!r}: ffn_split_k needs gate/up, silu_mul, one bias-free "
+                            "down projection and a residual add")
+    weights = [op.inputs[1] for op in (*linears, down[0])]
+    if any("scale_inv" in g.tensors[w].attrs for w in weights):
+        raise ScheduleError(f"op {name!r}: ffn_split_k is not yet supported with FP8 weights "
+                            "(a slice of W_down's columns would cut its 128-column scale "
+                            "blocks); compile with --weight-dtype bf16 or without ffn_split_k")
+    if f.program.tp != 1:
+        raise ScheduleError(f"op {name!r}: ffn_split_k runs at --tp 1 only, not --tp "
+                            f"{f.program.tp} (the down projection's all-reduce)")
+    x, offset = f.locate(norm.inputs[0])
+    res = next(t for t in add[0].inputs if t != down[0].outputs[0])
+    if res != norm.inputs[0] or offset:
+        raise ScheduleError(f"op {name!r}: ffn_split_k needs the residual to be the norm's input")
+    out = add[0].outputs[0]
+    t = g.tensors[out]
+    f.out.tensors[out] = dataclasses.replace(t, dtype="fx64",
+                                             attrs={**t.attrs, "frac_bits": FIXED_FRAC_BITS})
+    inter = g.tensors[weights[0]].shape[0]
+    f.emit(name, "ffn_split_k", [x, norm.inputs[1], *weights], [out], layer,
+           [norm, *linears, act, down[0], add[0]], K=g.tensors[weights[0]].shape[1],
+           eps=norm.attrs["eps"], in_offset=0, rows=inter, intermediate_size=inter,
+           epilogue="silu_mul", interleave=True, accumulate=True)
+
+
+def _start_values(f: Fusion) -> None:
+    """The start value of every split-K FFN's output: the op that writes its residual input
+    (o_proj's `matvec_add`, x.attn = x + W_o a) writes it to the fixed-point output too
+    (`start_value`), and it becomes an output of that op. The FFN's tasks wait for that op
+    (they read x.attn), so its writes come before their adds; the output's readers wait for
+    the FFN op, so they see every add. Every reader of a fixed-point buffer must be one whose
+    kernel code converts it (a norm prologue's input, a residual), checked here by name."""
+    ops = f.out.ops()
+    writer = {t: op for op in ops for t in op.outputs}
+    changed = False
+    for op in ops:
+        if op.opcode != "ffn_split_k":
+            continue
+        src, out = writer.get(op.inputs[0]), op.outputs[0]
+        if src is None or src.opcode != "matvec_add":
+            raise ScheduleError(f"op {op.name!r}: ffn_split_k needs its residual written by a "
+                                "matvec_add (which also writes the start value)")
+        src.outputs = (*src.outputs, out)
+        src.attrs["start_value"] = out
+        changed = True
+    for op in ops:
+        for role, t in enumerate(op.inputs):
+            if f.out.tensors[t].dtype != "fx64":
+                continue
+            if (op.opcode, role) not in (("norm_matvec", 0), ("matvec_add", 2)):
+                raise ScheduleError(f"op {op.name!r} reads the fixed-point {t!r} of a split-K "
+                                    f"FFN as its input {role}, which its kernel code does not "
+                                    "convert; compile without ffn_split_k")
+    if changed:
+        f.out.rebuild_edges()
+        n = sum(op.opcode == "ffn_split_k" for op in ops)
+        f.program.decide("fusion", f"ffn_split_k: {n} dense MLPs as one split-K op each (one "
+                         "all-to-all boundary less per layer); their outputs are 64-bit fixed "
+                         f"point ({FIXED_FRAC_BITS} fraction bits), so the sum of the tasks' "
+                         "parts does not depend on their order; the matvec_add before each "
+                         "writes its start value")
 
 
 def _fuse_attention(f: Fusion, first: Op) -> None:

@@ -5,6 +5,9 @@ the order the SM's stream reads them, so that each SM streams one contiguous reg
 task's weights are one contiguous run of whole rows (one bulk copy per ring page). The runtime
 packs checkpoint weights into this order once, at load time.
 
+A split-K FFN task's region is its slice's gate/up rows (interleaved pairs), then its slice of
+W_down's columns as `hidden` rows of the slice's width: one region, two row sizes.
+
 Routed experts cannot be laid out in stream order: which expert a task reads is known only
 when the router has run. They are packed after the static region, one region per routed op,
 expert-major with a fixed stride: a `moe_gate_up` region holds each expert's gate and up rows
@@ -19,15 +22,14 @@ from __future__ import annotations
 
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
-from tilertc.passes.tiling import ROUTED, weight_row_bytes
+from tilertc.passes.tiling import ROUTED, segment_bytes, weight_row_bytes
 
 PACK_ALIGN = 128  # bytes; bulk copies need 16, 128 keeps every task on its own cache lines
 
 
 def static_bytes(program: Program, t: Task) -> int:
     """Bytes of the weight rows a task reads that are known before the run (its segments)."""
-    tensors = program.graph.tensors
-    return sum((s.row1 - s.row0) * weight_row_bytes(tensors[s.tensor]) for s in t.segments)
+    return sum(segment_bytes(program, s) for s in t.segments)
 
 
 def expert_weights(op) -> list[list[str]]:

@@ -23,11 +23,14 @@ class ScheduleError(ValueError):
 
 @dataclass
 class WeightSegment:
-    """Rows [row0, row1) of one weight tensor, as a task reads them."""
+    """Rows [row0, row1) of one weight tensor, as a task reads them; with `cols`, only the
+    columns [c0, c1) of each (a split-K FFN task's slice of the down projection), packed as
+    rows of c1 - c0 values."""
 
     tensor: str  # graph tensor name
     row0: int
     row1: int
+    cols: tuple[int, int] | None = None
 
 
 @dataclass

@@ -11,7 +11,10 @@ Decides:
 - the KV cache is a bf16 arena laid out [layer][kv_head][position][head_dim], so that an
   attention task reads its head's keys contiguously;
 - the input vector of a matrix-vector task is staged in shared memory as fp32, next to its
-  row sums (the warps that share a row meet there);
+  row sums (the warps that share a row meet there); a split-K FFN task's intermediate slice
+  replaces its staged input there once its gate/up rows are done;
+- a split-K FFN's output is a 64-bit fixed-point buffer (`fx64`, two words of the arena per
+  element), which its tasks add into;
 - attention chunks leave their partial softmax results in one global scratch buffer that the
   merging task reads (MLA chunks in their own, `mla_partials`);
 - expert and token ids (MoE routing, DSA top-k) are int32 buffers in the same arena;
@@ -87,7 +90,7 @@ def rope_dim(attn) -> int:
 def place(program: Program) -> Program:
     g, tgt = program.graph, program.target
     # -- shared memory plan
-    mv_ops = [op for op in g.ops() if op.opcode in MATVEC + ROUTED]
+    mv_ops = [op for op in g.ops() if op.opcode in (*MATVEC, *ROUTED, "ffn_split_k")]
     for op in mv_ops:
         if op.attrs["K"] % 8:
             raise ScheduleError(
@@ -114,12 +117,16 @@ def place(program: Program) -> Program:
         ),
         default=0,
     )
-    vec_floats = max(max_k, attn_floats, _staged_floats(program))
+    # a split-K FFN task's slice: its gate/up pairs' sums, then its intermediate values
+    widest = max((op.attrs["tile"]["columns_per_task"][1] for op in mv_ops
+                  if op.opcode == "ffn_split_k"), default=0)
+    vec_floats = max(max_k, attn_floats, _staged_floats(program), widest)
     act_smem = vec_floats * 4
     acc_floats = max(
         -(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) * (2 if op.attrs.get("interleave") else 1)
-        for op in mv_ops
+        for op in mv_ops if op.opcode != "ffn_split_k"
     )
+    acc_floats = max(acc_floats, 2 * widest)
     ring = tgt.smem_per_block - smem_bytes(0, 0, vec_floats, acc_floats)
     max_row = max(row_bytes(program, op) for op in mv_ops)
     worst = max(mv_ops, key=lambda op: row_bytes(program, op))
@@ -159,6 +166,9 @@ def place(program: Program) -> Program:
         if t.kind is TensorKind.ACTIVATION and t.dtype == "int64":  # expert and token ids
             program.buffers[t.name] = Buffer(t.name, act_off, t.numel, "int32", "act")
             act_off += _align(t.numel)
+        elif t.kind is TensorKind.ACTIVATION and t.dtype == "fx64":  # a split-K FFN's sum
+            program.buffers[t.name] = Buffer(t.name, act_off, t.numel, "fx64", "act")
+            act_off += _align(2 * t.numel)
         elif t.kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT) and t.dtype != "int64":
             program.buffers[t.name] = Buffer(t.name, act_off, t.numel, "fp32", "act")
             act_off += _align(t.numel)

@@ -29,13 +29,19 @@ pair and its view of the host's stop flag the same way (`sample.exchange`), so t
 picks the same token and stops at the same step. The receive buffers are reused every step:
 a rank writes step s + 1's rows only after the sampler exchange of step s, which every rank
 enters after all its tasks of step s, so no rank still reads step s's rows.
+
+A split-K FFN's output has two writers in a step: the op before it writes the start value,
+then every FFN task adds onto it. The adds must come after the start value (the FFN op must
+wait for that op, which it does because it reads the op's x.attn: checked here) and every
+reader after all adds (a reader waits for the FFN op, the output's last writer, whose counter
+counts every task).
 """
 
 from __future__ import annotations
 
 import networkx as nx
 
-from tilertc.passes.program import Counter, Program
+from tilertc.passes.program import Counter, Program, ScheduleError
 from tilertc.passes.sharding import exchange_ops
 
 MAX_WAITS = 2
@@ -68,6 +74,14 @@ def synchronize(program: Program) -> Program:
         waits_of[op.name] = waits
         op.attrs["waits"] = [f"{ops[c].name}{' (previous step)' if lag else ''}"
                              for c, _, lag in waits]
+    for op in ops:
+        start = next((p for p in g.producers(op.name)
+                      if p.attrs.get("start_value") in op.outputs), None)
+        if op.attrs.get("accumulate") and (start is None or not any(
+                start.name == ops[c].name or start.name in ancestors[ops[c].name]
+                for c, _, _ in waits_of[op.name])):
+            raise ScheduleError(f"op {op.name!r} adds into {op.outputs[0]!r} without waiting "
+                                "for the op that writes its start value")
     for t in program.tasks:
         t.waits = [(c, per, lag) for c, per, lag in waits_of[t.op]]
         t.signal = index[t.op]

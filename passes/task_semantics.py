@@ -13,6 +13,11 @@ The schedule verifier (`verify.py`) needs every task described twice, and the tw
   to match. The only math here that the interpreter does not have is the merge of context
   chunks (log-sum-exp weights).
 
+A split-K FFN's tasks *add* into their output (`accumulate` accesses) rather than write it:
+the output is a fixed-point buffer (`fx64`) whose start value another op writes, and a reader
+must see that write and every task's add (the kernel adds integers, so the order does not
+matter). Reads of fixed-point buffers give their fp32 values (`read_value`).
+
 Ops whose tasks arrive on a per-group counter (chunked attention) are merged by whichever
 chunk of a group arrives last; that merge is described by `merge_accesses` and `merge_compute`.
 
@@ -37,13 +42,15 @@ from tilertc.passes.program import Program, Task
 
 
 class Access(NamedTuple):
-    """Elements [lo, hi) of `buffer` (of each row in `rows`, for row buffers)."""
+    """Elements [lo, hi) of `buffer` (of each row in `rows`, for row buffers); a write with
+    `add` adds to what is there (after the region's start value was written)."""
 
     write: bool
     buffer: str
     lo: int
     hi: int
     rows: tuple[int, int] | None = None
+    add: bool = False
 
 
 def read(buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> Access:
@@ -52,6 +59,10 @@ def read(buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> 
 
 def write(buffer: str, lo: int, hi: int, rows: tuple[int, int] | None = None) -> Access:
     return Access(True, buffer, lo, hi, rows)
+
+
+def accumulate(buffer: str, lo: int, hi: int) -> Access:
+    return Access(True, buffer, lo, hi, None, True)
 
 
 class Context(Protocol):
@@ -66,6 +77,8 @@ class Context(Protocol):
              rows: tuple[int, int] | None = None) -> torch.Tensor: ...
 
     def write(self, buffer: str, lo: int, values: torch.Tensor, row: int | None = None) -> None: ...
+
+    def add(self, buffer: str, lo: int, values: torch.Tensor) -> None: ...
 
     def weight(self, name: str) -> torch.Tensor: ...
 
@@ -151,6 +164,31 @@ KINDS["embed"] = TaskKind(_embed_accesses, _embed)
 KINDS["argmax"] = TaskKind(_argmax_accesses, _argmax)
 
 
+# -- fixed-point buffers (a split-K FFN's sum) ----------------------------------------------
+
+def to_fixed(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """fp32 values as the kernel's fixed point: x * 2^bits (exact) rounded to nearest even."""
+    return torch.round(x.to(torch.float32) * 2.0**bits).to(torch.int64)
+
+
+def from_fixed(v: torch.Tensor, bits: int) -> torch.Tensor:
+    """Fixed-point values as fp32: rounded to fp32, then scaled by 2^-bits (exact)."""
+    return v.to(torch.float32) * 2.0**-bits
+
+
+def frac_bits(program: Program, buffer: str) -> int | None:
+    """The fraction bits of a fixed-point buffer, None for any other."""
+    t = program.graph.tensors.get(buffer)
+    return t.attrs["frac_bits"] if t is not None and t.dtype == "fx64" else None
+
+
+def read_value(ctx: Context, buffer: str, lo: int, hi: int) -> torch.Tensor:
+    """Elements [lo, hi) of a buffer as fp32 (a fixed-point buffer's converted)."""
+    bits = frac_bits(ctx.program, buffer)
+    v = ctx.read(buffer, lo, hi)
+    return v if bits is None else from_fixed(v, bits)
+
+
 # -- matrix-vector tasks -----------------------------------------------------------------------
 
 def _matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
@@ -161,6 +199,8 @@ def _matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     if op.opcode == "matvec_add":
         out.append(read(op.inputs[2], r0, r1))
     out.append(write(op.outputs[0], r0, r1))
+    if "start_value" in op.attrs:  # of a split-K FFN's sum
+        out.append(write(op.attrs["start_value"], r0, r1))
     if op.attrs.get("epilogue") == "argmax":
         out.append(write("argmax_partials", 2 * t.index, 2 * t.index + 2))
     return out
@@ -175,7 +215,7 @@ def _segment_products(ctx: Context, t: Task, x: torch.Tensor) -> list[torch.Tens
 def normed_input(ctx: Context, op: Op) -> torch.Tensor:
     """The input vector of a task with a norm prologue, normalized: [1, K]."""
     x0 = op.attrs["in_offset"]
-    x = ctx.read(op.inputs[0], x0, x0 + op.attrs["K"])[None]
+    x = read_value(ctx, op.inputs[0], x0, x0 + op.attrs["K"])[None]
     return run("rms_norm", source(ctx, op, "rms_norm"), [x, ctx.weight(op.inputs[1])], ctx)
 
 
@@ -197,12 +237,42 @@ def _matvec_add(ctx: Context, t: Task) -> None:
     op = ctx.program.graph.op(t.op)
     x = ctx.read(op.inputs[0], 0, op.attrs["K"])[None]
     (y,) = _segment_products(ctx, t, x)
-    res = ctx.read(op.inputs[2], *t.rows)[None]
-    ctx.write(op.outputs[0], t.rows[0], run("add", source(ctx, op, "add"), [res, y], ctx)[0])
+    res = read_value(ctx, op.inputs[2], *t.rows)[None]
+    out = run("add", source(ctx, op, "add"), [res, y], ctx)[0]
+    ctx.write(op.outputs[0], t.rows[0], out)
+    start = op.attrs.get("start_value")
+    if start:
+        ctx.write(start, t.rows[0], to_fixed(out, frac_bits(ctx.program, start)))
 
 
 KINDS["norm_matvec"] = TaskKind(_matvec_accesses, _norm_matvec)
 KINDS["matvec_add"] = TaskKind(_matvec_accesses, _matvec_add)
+
+
+# -- a dense MLP as one split-K op -------------------------------------------------------------
+# Task i owns intermediate columns [c0, c1): gate/up rows of the slice, silu_mul, then the
+# slice's columns of W_down; its partial sum of every output row is added (in fixed point) onto
+# the start value the op before wrote.
+
+def _split_k_accesses(program: Program, t: Task, pos: int) -> list[Access]:
+    op = program.graph.op(t.op)
+    out = op.outputs[0]
+    return [read(op.inputs[0], 0, op.attrs["K"]),
+            accumulate(out, 0, program.graph.tensors[out].numel)]
+
+
+def _split_k(ctx: Context, t: Task) -> None:
+    op = ctx.program.graph.op(t.op)
+    gate, up, down = t.segments
+    c0, c1 = down.cols
+    g, u = _segment_products(ctx, dataclasses.replace(t, segments=[gate, up]),
+                             normed_input(ctx, op))
+    h = run("silu_mul", source(ctx, op, "silu_mul"), [g, u], ctx)
+    y = run("linear", LINEAR, [h, ctx.weight(down.tensor)[:, c0:c1]], ctx)
+    ctx.add(op.outputs[0], 0, to_fixed(y[0], frac_bits(ctx.program, op.outputs[0])))
+
+
+KINDS["ffn_split_k"] = TaskKind(_split_k_accesses, _split_k)
 
 
 # -- chunked attention -----------------------------------------------------------------------

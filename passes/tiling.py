@@ -20,6 +20,11 @@ the expected case (under expert parallelism, fewer slots busy than provisioned) 
 over the GPU; their weights are chosen at run time, and under expert parallelism a slot is busy
 with probability top_k / (tp x slots), which is what their bytes are counted at. `embed`,
 `argmax`, `moe_topk` and `dsa_topk` are one task each: they move a few kilobytes.
+A split-K FFN (`ffn_split_k`) is tiled by slices of the intermediate dimension, one per SM:
+widths are whole groups of 8 columns (the kernel's 16-byte pieces of a down row) and differ by
+at most 8 (llama-3.2-1b: 8192 columns over 132 SMs, 56 or 64). A task streams its slice's
+gate/up rows (pairs, interleaved, of `hidden` columns each) and then W_down's columns of the
+slice as `hidden` rows of the slice's width, so every SM streams the same bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ MAX_ATTENTION_CHUNKS = 32
 MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
 MATVEC = ("norm_matvec", "matvec_add", "head_matvec")
+SPLIT_K_COLS = 8  # a split-K FFN slice is whole 16-byte pieces of bf16 down rows
 ROUTED = ("moe_gate_up", "moe_down_add")
 
 
@@ -46,15 +52,15 @@ def weight_row_bytes(w: Tensor) -> int:
 
 def row_bytes(program: Program, op) -> int:
     """Bytes of weights behind one output row of a matrix-vector op (of a routed op: with
-    every slot busy)."""
+    every slot busy; of a split-K FFN: a gate/up pair, its widest rows)."""
     g = program.graph
     if op.opcode == "moe_down_add":  # one piece per slot: a row of the slot's expert
         a = op.attrs
         down = g.tensors[down_inputs(op)[5][0]]  # expert 0's (the shared expert's comes last)
         shared = a["K"] - a["slots"] * a["intermediate_size"]
         return a["slots"] * weight_row_bytes(down) + shared * DTYPE_BYTES[down.dtype]
-    ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5]}.get(op.opcode,
-                                                                           [op.inputs[1]])
+    ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5],
+          "ffn_split_k": op.inputs[2:4]}.get(op.opcode, [op.inputs[1]])
     # One format per op: a task's rows are all read by one variant of the kernel's dot product.
     formats = sorted({g.tensors[w].dtype for w in ws})
     if len(formats) > 1:
@@ -62,6 +68,14 @@ def row_bytes(program: Program, op) -> int:
                             "matrix-vector op streams rows of one format")
     per = [weight_row_bytes(g.tensors[w]) for w in ws]
     return sum(per) if op.attrs.get("interleave") else per[0]
+
+
+def segment_bytes(program: Program, s: WeightSegment) -> int:
+    """Packed bytes of a weight segment: its rows, or of each row only its columns (bf16)."""
+    w = program.graph.tensors[s.tensor]
+    if s.cols is not None:
+        return (s.row1 - s.row0) * (s.cols[1] - s.cols[0]) * DTYPE_BYTES[w.dtype]
+    return (s.row1 - s.row0) * weight_row_bytes(w)
 
 
 def busy(program: Program, op) -> float:
@@ -103,6 +117,37 @@ def _tile_rows(program: Program, op) -> None:
                         "bytes_per_task": -(-rows // n) * rb}
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{rows // n}-{-(-rows // n)} rows")
+
+
+def split_k_slices(program: Program, op) -> list[int]:
+    """Bounds of the intermediate slices of a split-K FFN's tasks (whole SPLIT_K_COLS)."""
+    inter = op.attrs["intermediate_size"]
+    if inter % SPLIT_K_COLS:
+        raise ScheduleError(f"op {op.name!r}: intermediate size {inter} is not a multiple of "
+                            f"{SPLIT_K_COLS}; a split-K slice of W_down must be whole 16-byte "
+                            "pieces")
+    groups = inter // SPLIT_K_COLS
+    return [SPLIT_K_COLS * b for b in _bounds(groups, min(groups, program.target.num_sms))]
+
+
+def _tile_split_k(program: Program, op) -> None:
+    gate, up, down = op.inputs[2:5]
+    hidden, rb = op.attrs["K"], row_bytes(program, op)
+    bounds = split_k_slices(program, op)
+    n = len(bounds) - 1
+    for i in range(n):
+        c0, c1 = bounds[i], bounds[i + 1]
+        segs = [WeightSegment(gate, c0, c1), WeightSegment(up, c0, c1),
+                WeightSegment(down, 0, hidden, (c0, c1))]
+        program.tasks.append(Task(op.name, op.opcode, i, (c0, c1), segs,
+                                  sum(segment_bytes(program, s) for s in segs)))
+    widths = sorted({bounds[i + 1] - bounds[i] for i in range(n)})
+    op.attrs["tile"] = {"tasks": n, "columns_per_task": (widths[0], widths[-1]),
+                        "bytes_per_task": widths[-1] * (rb + 2 * hidden)}
+    program.decide("tiling", f"{op.name}: {op.attrs['intermediate_size']} intermediate columns "
+                   f"-> {n} tasks of {'-'.join(map(str, widths))} columns (split-K): each its "
+                   f"gate/up rows ({rb} B each), then W_down's columns as {hidden} rows of the "
+                   "slice's width; partial sums added into the output")
 
 
 def _tile_routed(program: Program, op) -> None:
@@ -181,6 +226,8 @@ def tile(program: Program) -> Program:
             _tile_rows(program, op)
         elif op.opcode in ROUTED:
             _tile_routed(program, op)
+        elif op.opcode == "ffn_split_k":
+            _tile_split_k(program, op)
         elif op.opcode == "attention":
             a = op.attrs
             hd, group = a["head_dim"], a["n_heads"] // a["n_kv_heads"]

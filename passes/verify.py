@@ -93,13 +93,20 @@ class Merge:
 @dataclass
 class Read:
     """A region an actor reads that the step writes: the pieces (lo, hi, writer) that a
-    sequential run of the step would have it see (shared between readers of equal regions)."""
+    sequential run of the step would have it see (shared between readers of equal regions),
+    and the adds (lo, hi, adder) onto them it must see too (a split-K FFN's sum)."""
 
     buffer: str
     row: int | None
     lo: int
     hi: int
     pieces: tuple[tuple[int, int, int], ...]
+    adds: tuple[tuple[int, int, int], ...] = ()
+
+    @property
+    def writers(self) -> tuple[tuple[int, int, int], ...]:
+        """Every actor whose write or add the reader must see."""
+        return (*self.pieces, *self.adds)
 
 
 class Plan:
@@ -189,8 +196,12 @@ class Plan:
             for acc in self.accesses[actor]:
                 if acc.write:
                     for row in self._rows(acc):
-                        self.after[actor].update(pieces[acc.buffer, row].write(acc.lo, acc.hi,
-                                                                               actor))
+                        p = pieces[acc.buffer, row]
+                        if acc.add and not p.covers(acc.lo, acc.hi):
+                            self.static_errors.append(
+                                (actor, f"{self.name(actor)} adds into {acc.buffer}"
+                                        f"[{acc.lo}:{acc.hi}] before its start value is written"))
+                        self.after[actor].update(p.write(acc.lo, acc.hi, actor, acc.add))
                     continue
                 rows = self._rows(acc)
                 if acc.rows:
@@ -199,10 +210,11 @@ class Plan:
                         self.history[actor].append((acc, set(rows)))
                 for row in rows:
                     key = (acc.buffer, row)
-                    found, gaps = pieces[key].read(acc.lo, acc.hi, actor) if key in pieces \
-                        else ((), [(acc.lo, acc.hi)])
+                    found, gaps, adds = pieces[key].read(acc.lo, acc.hi, actor) \
+                        if key in pieces else ((), [(acc.lo, acc.hi)], ())
                     if found:
-                        self.reads[actor].append(Read(acc.buffer, row, acc.lo, acc.hi, found))
+                        self.reads[actor].append(Read(acc.buffer, row, acc.lo, acc.hi, found,
+                                                      adds))
                     for lo, hi in gaps:
                         what = "which a later op of the step writes" \
                             if self._written(key, lo, hi) else "which no task writes in a step"
@@ -214,22 +226,23 @@ class Plan:
 
 
 class Pieces:
-    """Disjoint pieces [lo, hi) of one buffer (row) with the last writer of each and, if
-    tracked, who read it since. A sequential pass writes and reads them in program order."""
+    """Disjoint pieces [lo, hi) of one buffer (row) with the last writer of each, the actors
+    that added onto it since (a split-K FFN's sum) and, if tracked, who read it since. A
+    sequential pass writes and reads them in program order."""
 
     def __init__(self, track_readers: bool = False) -> None:
         self.track = track_readers
         self.los: list[int] = []
-        self.items: list[list] = []  # [lo, hi, writer, readers]
+        self.items: list[list] = []  # [lo, hi, writer, readers, adders]
         self.seen: dict[tuple[int, int], tuple] = {}  # reads since the last write
 
     def _cut(self, x: int) -> None:
         i = bisect_right(self.los, x) - 1
         if i >= 0:
-            lo, hi, w, readers = self.items[i]
+            lo, hi, w, readers, adders = self.items[i]
             if lo < x < hi:
-                self.items[i] = [lo, x, w, readers]
-                self.items.insert(i + 1, [x, hi, w, list(readers)])
+                self.items[i] = [lo, x, w, readers, adders]
+                self.items.insert(i + 1, [x, hi, w, list(readers), list(adders)])
                 self.los.insert(i + 1, x)
 
     def _span(self, lo: int, hi: int) -> tuple[int, int]:
@@ -242,34 +255,45 @@ class Pieces:
         return sum(p[1] - p[0] for p in self.items[i:j]) == hi - lo
 
     def read(self, lo: int, hi: int, reader: int) -> tuple[tuple[tuple[int, int, int], ...],
-                                                          list[tuple[int, int]]]:
-        """The pieces a read of [lo, hi) sees, and the gaps no earlier write covers."""
+                                                          list[tuple[int, int]],
+                                                          tuple[tuple[int, int, int], ...]]:
+        """The pieces a read of [lo, hi) sees, the gaps no earlier write covers, and the adds
+        onto the pieces (lo, hi, adder)."""
         if (lo, hi) in self.seen and not self.track:
             return self.seen[lo, hi]
         i, j = self._span(lo, hi)
-        found, gaps, at = [], [], lo
+        found, gaps, adds, at = [], [], [], lo
         for p in self.items[i:j]:
             if p[0] > at:
                 gaps.append((at, p[0]))
             found.append((p[0], p[1], p[2]))
+            adds += [(p[0], p[1], a) for a in p[4]]
             if self.track:
                 p[3].append(reader)
             at = p[1]
         if at < hi:
             gaps.append((at, hi))
-        self.seen[lo, hi] = (tuple(found), gaps)
+        self.seen[lo, hi] = (tuple(found), gaps, tuple(adds))
         return self.seen[lo, hi]
 
-    def write(self, lo: int, hi: int, writer: int) -> set[int]:
-        """Record the write; returns the actors that must happen before it (WAR, WAW)."""
+    def write(self, lo: int, hi: int, writer: int, add: bool = False) -> set[int]:
+        """Record the write (or, with `add`, an add onto the pieces there); returns the actors
+        that must happen before it (WAR, WAW; an add: the pieces' writers and readers, not the
+        other adders, whose adds commute with it)."""
         self.seen.clear()
         i, j = self._span(lo, hi)
         before = set()
         for p in self.items[i:j]:
             before.add(p[2])
             before.update(p[3])
+            if add:
+                p[4].append(writer)
+            else:
+                before.update(p[4])
+        if add:
+            return before
         del self.items[i:j], self.los[i:j]
-        self.items.insert(i, [lo, hi, writer, []])
+        self.items.insert(i, [lo, hi, writer, [], []])
         self.los.insert(i, lo)
         return before
 
@@ -484,17 +508,18 @@ def structural(program: Program, plan: Plan) -> None:
             return vc[plan.sm_of[actor]] >= plan.slot[actor]
         return vc[nsm + actor - ntasks] >= 1
 
-    needs: dict[tuple[int, int], np.ndarray] = {}
-    writers: dict[int, set[int]] = {}
+    needs: dict[tuple[tuple[int, int], int], np.ndarray] = {}
+    writers: dict[tuple[int, int], set[int]] = {}
 
     def need(r: Read, actor: int) -> np.ndarray:
         """Per column, the stream slot a reader must know of to have seen r's writers."""
-        if id(r.pieces) not in writers:
-            writers[id(r.pieces)] = {w for _, _, w in r.pieces}
-        key = (id(r.pieces), actor if actor in writers[id(r.pieces)] else -1)
+        rid = (id(r.pieces), id(r.adds))
+        if rid not in writers:
+            writers[rid] = {w for _, _, w in r.writers}
+        key = (rid, actor if actor in writers[rid] else -1)
         if key not in needs:
             vec = np.zeros(cols, dtype=np.int32)
-            for _, _, w in r.pieces:
+            for _, _, w in r.writers:
                 if w == actor:
                     continue
                 col = plan.sm_of[w] if w < ntasks else nsm + w - ntasks
@@ -506,7 +531,7 @@ def structural(program: Program, plan: Plan) -> None:
         for r in plan.reads[actor]:
             if (vc >= need(r, actor)).all():
                 continue
-            w = next(w for _, _, w in r.pieces if w != actor and not knows(vc, w))
+            w = next(w for _, _, w in r.writers if w != actor and not knows(vc, w))
             where = f" row {r.row}" if r.row is not None else ""
             raise VerificationError(
                 "read_before_write",
@@ -562,7 +587,8 @@ def structural(program: Program, plan: Plan) -> None:
 
 class Memory:
     """The verifier's global memory: values plus, per element, the step and actor of the last
-    write (`POISON` for none)."""
+    write (`POISON` for none); of a fixed-point buffer (a split-K FFN's sum, int64 values as
+    the kernel's) also how many adds followed that write (`adds`)."""
 
     def __init__(self, program: Program, state: dict[str, torch.Tensor], first_token: int,
                  pos: int) -> None:
@@ -571,11 +597,14 @@ class Memory:
         self.step_mark: dict[str, torch.Tensor] = {}
         self.actor_mark: dict[str, torch.Tensor] = {}
         self.per_step: list[str] = []
+        self.adds: dict[str, torch.Tensor] = {}
         for t in g.tensors.values():
             if t.kind in (TensorKind.ACTIVATION, TensorKind.OUTPUT, TensorKind.SCRATCH):
-                dtype = torch.int64 if t.dtype == "int64" else torch.float32
+                dtype = torch.int64 if t.dtype in ("int64", "fx64") else torch.float32
                 self._alloc(t.name, (t.numel,), dtype)
                 self.per_step.append(t.name)
+                if t.dtype == "fx64":
+                    self.adds[t.name] = torch.zeros(t.numel, dtype=torch.int32)
             elif t.kind is TensorKind.KV_CACHE:
                 rows = state[t.name].reshape(t.shape[0], -1)
                 self._alloc(t.name, rows.shape, torch.float32)
@@ -600,6 +629,8 @@ class Memory:
             self.values[name].fill_(_poison(self.values[name].dtype))
             self.step_mark[name].fill_(step)
             self.actor_mark[name].fill_(POISON)
+        for adds in self.adds.values():
+            adds.zero_()
 
 
 def _poison(dtype: torch.dtype) -> float:
@@ -621,12 +652,13 @@ class TaskContext:
         self.istep = Step(torch.tensor([pos]), {}, torch.float32)
 
     def _check(self, write: bool, buffer: str, lo: int, hi: int,
-               rows: tuple[int, int] | None) -> None:
+               rows: tuple[int, int] | None, add: bool = False) -> None:
         for a in self.declared:
-            if a.write == write and a.buffer == buffer and a.lo <= lo and hi <= a.hi and (
-                    rows is None or (a.rows[0] <= rows[0] and rows[1] <= a.rows[1])):
+            if a.write == write and a.add == add and a.buffer == buffer and a.lo <= lo and \
+                    hi <= a.hi and (rows is None or (a.rows[0] <= rows[0] and
+                                                     rows[1] <= a.rows[1])):
                 return
-        kind = "writes" if write else "reads"
+        kind = "adds into" if add else "writes" if write else "reads"
         raise AssertionError(f"verifier: actor {self.actor} {kind} {buffer}[{lo}:{hi}] rows "
                              f"{rows}, which its task semantics do not declare")
 
@@ -644,6 +676,22 @@ class TaskContext:
         m.values[buffer][idx] = values.reshape(-1).to(m.values[buffer].dtype)
         m.step_mark[buffer][idx] = self.step
         m.actor_mark[buffer][idx] = self.actor
+        if buffer in m.adds:
+            m.adds[buffer][idx] = 0
+
+    def add(self, buffer: str, lo: int, values: torch.Tensor) -> None:
+        """Adds onto a fixed-point buffer's elements, which this step's start value must hold
+        already; the mark stays the start value's writer, and the adds are counted."""
+        hi = lo + values.numel()
+        self._check(True, buffer, lo, hi, None, add=True)
+        m = self.mem
+        ms, ma = m.step_mark[buffer][lo:hi], m.actor_mark[buffer][lo:hi]
+        if bool(((ms != self.step) | (ma == POISON)).any()):
+            raise VerificationError("read_before_write", f"in step {self.step}: actor "
+                                    f"{self.actor} adds into {buffer}[{lo}:{hi}] before its "
+                                    "start value is written")
+        m.values[buffer][lo:hi] += values.reshape(-1).to(m.values[buffer].dtype)
+        m.adds[buffer][lo:hi] += 1
 
     def weight(self, name: str) -> torch.Tensor:
         return self.interp.params[name].to(self.interp.dtype)
@@ -653,9 +701,10 @@ class TaskContext:
 
 
 def _expected_writers(plan: Plan, actor: int) -> list[tuple[str, int | None, int, int,
-                                                            torch.Tensor]]:
+                                                            torch.Tensor, torch.Tensor | None]]:
     """The actor's reads of this step's writes as runs of (buffer, row, lo, hi, the writer
-    each element must hold), built once per plan."""
+    each element must hold, and for a buffer that is added into, the adds it must hold),
+    built once per plan."""
     cache = plan.__dict__.setdefault("_expected", {})
     if actor not in cache:
         cache[actor] = []
@@ -664,15 +713,26 @@ def _expected_writers(plan: Plan, actor: int) -> list[tuple[str, int | None, int
             for lo, hi, w in r.pieces:
                 if w != actor:
                     writers[lo - r.lo:hi - r.lo] = w
-            cache[actor].append((r.buffer, r.row, r.lo, r.hi, writers))
+            adds = None
+            if r.adds:
+                adds = torch.zeros(r.hi - r.lo, dtype=torch.int32)
+                for lo, hi, _ in r.adds:
+                    adds[lo - r.lo:hi - r.lo] += 1
+            cache[actor].append((r.buffer, r.row, r.lo, r.hi, writers, adds))
     return cache[actor]
 
 
 def _check_reads(plan: Plan, mem: Memory, actor: int, step: int) -> None:
-    for buffer, row, lo, hi, writers in _expected_writers(plan, actor):
+    for buffer, row, lo, hi, writers, adds in _expected_writers(plan, actor):
         idx = (row, slice(lo, hi)) if row is not None else slice(lo, hi)
         ms, ma = mem.step_mark[buffer][idx], mem.actor_mark[buffer][idx]
         bad = ((ms != step) | (ma != writers)) & (writers != OWN)
+        if adds is not None and bool((mem.adds[buffer][idx] != adds).any()):
+            i = int((mem.adds[buffer][idx] != adds).nonzero()[0, 0])
+            raise VerificationError(
+                "read_before_write", f"in step {step}: {plan.name(actor)} reads {buffer}"
+                f"[{lo}:{hi}] after {int(mem.adds[buffer][idx][i])} of the {int(adds[i])} "
+                f"adds into element {lo + i}")
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
             where = f" row {row}" if row is not None else ""

@@ -31,7 +31,8 @@
 //                                       ring before the task (a routed task's through the
 //                                       loader's own route_pieces and copy_pieces, in MoE
 //                                       models; a GQA attention task's keys and values through
-//                                       the loader's own load_kv_chunk); counters are a host
+//                                       the loader's own load_kv_chunk, a split-K FFN task's
+//                                       rows through its own load_split_k); counters are a host
 //                                       array. Built with TP > 1: every rank's step, rank r's
 //                                       arenas and weights in DIR/rank{r}/, each rank's peer
 //                                       pointers at the other ranks' host arenas; an exchanging
@@ -45,6 +46,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <ucontext.h>
 #include <vector>
 
@@ -71,6 +73,10 @@ struct alignas(16) uint4 {
 struct int2 {
   int x, y;
 };
+struct alignas(16) longlong2 {
+  long long x, y;
+};
+static inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 struct __nv_bfloat162 {
   __nv_bfloat16 x, y;
 };
@@ -90,6 +96,8 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
   return static_cast<__nv_bfloat16>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+static inline long long __float2ll_rn(float x) { return std::llrint(x); }  // round to nearest even
+static inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
 #define __expf expf  // glibc declares __expf; the GPU intrinsic is a faster expf
 static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -226,11 +234,12 @@ static inline bool acquire(const P& p, int counter, unsigned target, int, volati
 }
 static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
 static inline void mbar_expect_tx(uint64_t*, uint32_t) {}
-#if HOST_STEP
+#if HOST_STEP  // the ring is always free: the `step` command runs one task at a time
 template <class P, class S>
 static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ring + issued % RING_PAGES * PAGE_BYTES; }
 #endif
 static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
+static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
 struct ThreadIdx {
   int x;
 };
@@ -411,6 +420,7 @@ struct Rank {
   std::vector<unsigned> counters = std::vector<unsigned>(1 << 16, 0);
   int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
   uint32_t consumed = 0;
+  long long issued = -1;  // a split-K task's: the pages its loader issued, which compute must consume
   Params p{};
 };
 
@@ -422,6 +432,19 @@ static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
   if (t[F_OPCODE] == OP_ATTENTION) {
     uint32_t issued = k.consumed;
     return load_kv_chunk(p, s, t, 0, id, issued) && issued - k.consumed <= RING_PAGES;
+  }
+#endif
+  k.issued = -1;
+#if FFN_SPLIT_K
+  if (t[F_OPCODE] == OP_FFN_SPLIT_K) {  // the loader's own code, into the slots compute reads
+    const int width = t[F_ROW1] - t[F_ROW0];
+    const int pages = (width + rows_per_page(t) - 1) / rows_per_page(t) +
+                      (t[F_K] + PAGE_BYTES / (2 * width) - 1) / (PAGE_BYTES / (2 * width));
+    if (pages > RING_PAGES) return false;
+    uint32_t issued = k.consumed;
+    load_split_k(p, s, t, issued);
+    k.issued = issued;
+    return true;
   }
 #endif
   if (!has_weights(t)) return true;
@@ -478,6 +501,9 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
       case OP_MLA_ATTENTION: run_mla_attention(p, s, t, 0, pos, ct); break;
 #else
       case OP_ATTENTION: run_attention(p, s, t, 0, pos, mine, ct); break;
+#endif
+#if FFN_SPLIT_K
+      case OP_FFN_SPLIT_K: run_split_k(p, s, t, mine, ct); break;
 #endif
 #if DSA
       case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, ct); break;
@@ -583,6 +609,11 @@ static void step_command() {
         return;
       }
       run_task(k, s, t, pos);
+      if (k.issued >= 0 && k.issued != k.consumed) {
+        std::printf("task %zu: the loader issued pages up to %lld, compute consumed up to %u\n", id, k.issued,
+                    k.consumed);
+        return;
+      }
     }
 #if TP > 1
     if (t[F_XCHG] >= 0)

@@ -13,6 +13,9 @@ must again equal single steps, and seeds must reproduce.
 FP8 (`weight_dtype="fp8"`): the same teacher-forced check and token loop, the interpreter
 running the same e4m3 weights and block scales.
 
+Split-K FFN (`ffn_split_k=True`): the same teacher-forced check and token loop, and repeated
+steps give bit-identical logits.
+
 MoE (qwen3-moe-tiny and deepseek-v3-tiny run every test above): the router's decisions, the
 expert ids of every layer at every teacher-forced step, must be the interpreter's, and their
 combine weights too; deepseek-v3-tiny has a dense first layer, then MoE layers with DeepSeek's
@@ -384,6 +387,46 @@ def test_fp8_artifact_runs_a_bf16_checkpoint_quantized_at_load(tmp_path) -> None
     engine = Engine.load(out, weights=bf16)
     assert engine.weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
     check_teacher_forced(engine)
+
+
+# A dense MLP as one split-K op per layer (CompileOptions(ffn_split_k=True)): the same checks,
+# and steps reproduce bit for bit (the split-K sums are fixed-point integer adds, whose order
+# does not change the result).
+SPLIT_K_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b",
+                  "deepseek-v3-tiny-dense"]
+
+
+@pytest.fixture(scope="module", params=SPLIT_K_MODELS)
+def split_k_engine(request, tmp_path_factory) -> Engine:
+    out = compile(load(request.param), tmp_path_factory.mktemp(f"{request.param}-split-k"),
+                  CompileOptions(max_seq_len=512, ffn_split_k=True))
+    return Engine.load(out, random_seed=1234)
+
+
+def test_split_k_teacher_forced_logits_match_interpreter(split_k_engine: Engine) -> None:
+    assert split_k_engine.m["kernel"]["constants"]["FFN_SPLIT_K"] == 1
+    check_teacher_forced(split_k_engine)
+
+
+def test_split_k_token_loop_equals_single_steps(split_k_engine: Engine) -> None:
+    test_token_loop_equals_single_steps(split_k_engine)
+
+
+def test_split_k_steps_reproduce_bit_for_bit(split_k_engine: Engine) -> None:
+    """The same prompt and tokens twice: identical logits at every step, although the split-K
+    tasks add into each layer's output in whatever order the SMs reach it."""
+    gen = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, split_k_engine.spec.vocab_size, (PREFILL,), generator=gen)
+    runs = []
+    for _ in range(2):
+        split_k_engine.position = 0
+        split_k_engine.prefill(prompt[:-1])
+        tok, logits = int(prompt[-1]), []
+        for _ in range(16):
+            tok, got = split_k_engine.step(tok)
+            logits.append(got.clone())
+        runs.append(logits)
+    assert all(torch.equal(a, b) for a, b in zip(*runs, strict=True))
 
 
 def test_eos_stops_the_loop(engine: Engine) -> None:

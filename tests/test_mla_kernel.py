@@ -34,8 +34,10 @@ from tilertc.ir.mla import kv_b_per_head
 from tilertc.ir.target import get_target
 from tilertc.ir.weights import random_weights
 from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.task_semantics import from_fixed
 
 # deepseek-v3-tiny with a dense FFN in every layer: DeepSeek's MoE routing is not in the kernel
 DENSE = {"first_k_dense_replace": 3}
@@ -123,10 +125,11 @@ def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them() -> None:
 
 def step_source() -> str:
     """What the `step` command runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE) and
-    GQA attention's key/value pages (its proxy fence has no host meaning), and everything
-    compute runs for a task (the sampling section through the MLA section: matrix-vector
-    tasks, the exchanges between ranks, embedding, sampler, MoE router, attention)."""
+    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), GQA
+    attention's key/value pages (its proxy fence has no host meaning) and the loader of a
+    split-K FFN task, and everything compute runs for a task (the sampling section through the
+    split-K FFN section: matrix-vector tasks, the exchanges between ranks, embedding, sampler,
+    MoE router, attention, split-K)."""
     k = KernelSource()
     kv_pages = k.between("// Attention streams the past keys", "#endif  // !MLA").replace(
         'asm volatile("fence.proxy.async.global;" ::: "memory");', "")
@@ -138,6 +141,8 @@ def step_source() -> str:
         k.line("constexpr int SIGNAL_THREAD"),
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
         f"#if !MLA\n{kv_pages}#endif",
+        "#if FFN_SPLIT_K", k.definition("__device__ bool load_rows("),
+        k.definition("__device__ bool load_split_k("), "#endif",
         k.between("// ---- sampling", "// ---- compute warps"),
     ])
 
@@ -194,12 +199,14 @@ def coverage(program: Program, pos: int) -> dict[str, object]:
             "groups": attn["n_heads"] // attn["tile"]["heads_per_task"]}
 
 
-def random_host_step(tmp: Path, spec: ModelSpec, target: Any, prefill: int) -> tuple[
+def random_host_step(tmp: Path, spec: ModelSpec, target: Any, prefill: int,
+                     tuning: dict[str, Any] | None = None) -> tuple[
         Program, int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
-    """`host_step` of `spec` scheduled for `target` with 4 compute warps, on random weights, a
-    random `prefill`-token prompt and a random next token (all seeded by `prefill`); returns
-    the program too."""
-    program = make_program(spec, target, max_seq_len=SEQ, tuning={"compute_warps": 4})
+    """`host_step` of `spec` scheduled for `target` with 4 compute warps (and `tuning`), on
+    random weights, a random `prefill`-token prompt and a random next token (all seeded by
+    `prefill`); returns the program too."""
+    program = make_program(spec, target, max_seq_len=SEQ,
+                           tuning={"compute_warps": 4, **(tuning or {})})
     weights = random_weights(tilertc.build_graph(spec, SEQ), seed=prefill)
     gen = torch.Generator().manual_seed(prefill)
     prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
@@ -220,6 +227,14 @@ def assert_step_matches(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tens
     logits = env["logits"][0]
     assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
     assert token == int(bufs["logits"].argmax())
+
+
+def buffer_values(arena: torch.Tensor, b: dict[str, Any]) -> torch.Tensor:
+    """A manifest buffer's values in its arena; a fixed-point (fx64) buffer's as fp32."""
+    if b["dtype"] == "fx64":
+        words = arena[b["offset"]:b["offset"] + 2 * b["numel"]].view(torch.int64)
+        return from_fixed(words, FIXED_FRAC_BITS)
+    return arena[b["offset"]:b["offset"] + b["numel"]]
 
 
 def host_step(tmp: Path, program: Program, weights: dict[str, torch.Tensor], prompt: torch.Tensor,
@@ -268,8 +283,7 @@ def rank_buffers(m: dict[str, Any], d: Path) -> dict[str, torch.Tensor]:
     act = torch.from_numpy(np.fromfile(d / "act.bin", dtype=np.float32))
     kv = torch.from_numpy(np.fromfile(d / "kv.bin", dtype=np.int16)).view(torch.bfloat16)
     arena = {"act": act, "kv": kv}
-    return {name: arena[b["arena"]][b["offset"]:b["offset"] + b["numel"]]
-            for name, b in m["buffers"].items()}
+    return {name: buffer_values(arena[b["arena"]], b) for name, b in m["buffers"].items()}
 
 
 @pytest.mark.parametrize("overrides, target, prefill, covers", STEPS)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
+from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import MLA_KEYS, REDUCTION_FLOATS
 
@@ -228,6 +229,10 @@ def constants(program: Program) -> dict[str, object]:
     topk = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
     dsa = any(op.opcode == "dsa_score" for op in program.graph.ops())
     moe = {} if topk is None else _moe(program, {**topk.attrs, "bias": len(topk.inputs) > 1})
+    # The split-K FFN's code and task fields only in kernels that have one (decode.cuh defines
+    # FFN_SPLIT_K 0 otherwise), so that other kernels are what they were without it.
+    split_k = any(op.opcode == "ffn_split_k" for op in program.graph.ops())
+    ffn = {"FFN_SPLIT_K": 1, "FIXED_FRAC_BITS": FIXED_FRAC_BITS} if split_k else {}
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -239,6 +244,7 @@ def constants(program: Program) -> dict[str, object]:
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),
+        **ffn,
         "SAMPLE_K": K_MAX,
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),

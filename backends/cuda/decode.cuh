@@ -12,6 +12,9 @@
 #if WEIGHT_FP8
 #include <cuda_fp8.h>
 #endif
+#ifndef FFN_SPLIT_K  // the prelude defines it (and FIXED_FRAC_BITS) in kernels with split-K FFNs
+#define FFN_SPLIT_K 0
+#endif
 
 namespace tilertc {
 
@@ -19,7 +22,7 @@ namespace tilertc {
 enum Opcode : int {
   OP_EMBED = 0, OP_NORM_MATVEC = 1, OP_MATVEC_ADD = 2, OP_ATTENTION = 3, OP_ARGMAX = 4,
   OP_MOE_TOPK = 5, OP_MOE_GATE_UP = 6, OP_MOE_DOWN_ADD = 7, OP_HEAD_MATVEC = 8, OP_MLA_ATTENTION = 9,
-  OP_DSA_SCORE = 10, OP_DSA_TOPK = 11
+  OP_DSA_SCORE = 10, OP_DSA_TOPK = 11, OP_FFN_SPLIT_K = 12
 };
 enum Epilogue : int { EPI_NONE = 0, EPI_SILU_MUL = 1, EPI_ARGMAX = 2 };
 enum Field : int {
@@ -43,6 +46,11 @@ enum Field : int {
 #endif
 #if DSA  // a dsa_score task's key LayerNorm bias (its weight: F_AUX3)
   F_NORM_BIAS,
+#endif
+#if FFN_SPLIT_K  // a split-K FFN's output is a fixed-point sum (see the split-K FFN section)
+  F_FIXED_IN,       // 1: F_IN (a norm_matvec's input) is a fixed-point buffer
+  F_FIXED_RES,      // 1: F_AUX (a matvec_add's residual) is a fixed-point buffer
+  F_FIXED_OUT,      // a matvec_add: act offset of the fixed-point start value it also writes; -1: none
 #endif
 #if TP > 1  // a task that exchanges with the other ranks (tensor parallelism, see exchange)
   F_XCHG,         // its exchange counter, -1: none
@@ -150,6 +158,11 @@ __device__ __forceinline__ unsigned atom_add_acq_rel(unsigned* p, unsigned v) {
 __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+#if FFN_SPLIT_K
+__device__ __forceinline__ void red_add_s64(long long* p, long long v) {  // two's complement: u64 add
+  asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+#endif
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -245,6 +258,9 @@ __device__ __forceinline__ bool has_weights(const int* t) {
 __device__ __forceinline__ bool normed(const int* t) {
 #if MOE
   if (t[F_OPCODE] == OP_MOE_GATE_UP) return true;
+#endif
+#if FFN_SPLIT_K
+  if (t[F_OPCODE] == OP_FFN_SPLIT_K) return true;
 #endif
   return t[F_OPCODE] == OP_NORM_MATVEC;
 }
@@ -399,6 +415,32 @@ __device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long lon
 
 #endif  // !MLA
 
+#if FFN_SPLIT_K
+// `rows` rows of `rb` bytes from `src`, in pages of whole rows (as compute cuts them).
+__device__ bool load_rows(const Params& p, Shared& s, const uint8_t* src, int rows, int rb, uint32_t& issued) {
+  const int rpp = PAGE_BYTES / rb;
+  for (int r = 0; r < rows; r += rpp) {
+    uint8_t* page = claim_page(p, s, issued);
+    if (!page) return false;
+    const uint32_t bytes = min(rpp, rows - r) * rb;
+    uint64_t* full = &s.full[issued++ % RING_PAGES];
+    mbar_expect_tx(full, bytes);
+    bulk_copy(page, src + static_cast<long long>(r) * rb, bytes, full);
+  }
+  return true;
+}
+
+// A split-K FFN task streams rows of two sizes from one region: its slice's gate/up pairs
+// (F_ROW_BYTES each), then its slice of W_down's columns as F_K rows of 2 x width bytes.
+__device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t& issued) {
+  const int width = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES];
+  const uint8_t* src =
+      p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+  return load_rows(p, s, src, width, rb, issued) &&
+         load_rows(p, s, src + static_cast<long long>(width) * rb, t[F_K], 2 * width, issued);
+}
+#endif
+
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
@@ -412,6 +454,12 @@ __device__ void run_loader(const Params& p, Shared& s) {
 #if !MLA
       if (t[F_OPCODE] == OP_ATTENTION) {
         if (!load_kv_chunk(p, s, t, step, p.stream_tasks[i], issued)) goto drain;
+        continue;
+      }
+#endif
+#if FFN_SPLIT_K
+      if (t[F_OPCODE] == OP_FFN_SPLIT_K) {
+        if (!load_split_k(p, s, t, issued)) goto drain;
         continue;
       }
 #endif
@@ -926,6 +974,39 @@ __device__ __forceinline__ const float4* down_input(const Params& p, const int* 
 }
 #endif
 
+#if FFN_SPLIT_K
+// The fixed-point residual stream of a split-K FFN's output: value x2^FIXED_FRAC_BITS, rounded to
+// nearest, as a signed 64-bit integer (passes/fusion.py: _fuse_split_k says why and the range).
+constexpr float FIXED_SCALE = static_cast<float>(1ull << FIXED_FRAC_BITS);
+__device__ __forceinline__ long long to_fixed(float x) { return __float2ll_rn(x * FIXED_SCALE); }
+__device__ __forceinline__ float from_fixed(long long v) { return __ll2float_rn(v) * (1.f / FIXED_SCALE); }
+__device__ __forceinline__ float4 fixed4(const float* base, int i) {
+  const longlong2* v = reinterpret_cast<const longlong2*>(base) + 2 * i;
+  const longlong2 a = __ldcg(v), b = __ldcg(v + 1);
+  return make_float4(from_fixed(a.x), from_fixed(a.y), from_fixed(b.x), from_fixed(b.y));
+}
+#endif
+
+// Inputs 4 i .. 4 i + 3 of a matrix-vector task (from x, its input; see down_input, fixed4).
+__device__ __forceinline__ float4 input4(const Params& p, const int* t, const float4* x, int i) {
+#if FFN_SPLIT_K
+  if (t[F_FIXED_IN]) return fixed4(p.act + t[F_IN], i);
+#endif
+#if MOE_SHARED_K
+  return __ldcg(down_input(p, t, x, i));
+#else
+  return __ldcg(x + i);
+#endif
+}
+
+// Row row0 + i of a matvec_add's residual (F_AUX).
+__device__ __forceinline__ float residual(const Params& p, const int* t, int row0, int i) {
+#if FFN_SPLIT_K
+  if (t[F_FIXED_RES]) return from_fixed(__ldcg(reinterpret_cast<const long long*>(p.act + t[F_AUX]) + row0 + i));
+#endif
+  return __ldcg(p.act + t[F_AUX] + row0 + i);
+}
+
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #if MLA
   if (t[F_OPCODE] == OP_HEAD_MATVEC) {
@@ -942,11 +1023,7 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
   // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
-#if MOE_SHARED_K
-    float4 a = __ldcg(down_input(p, t, x, i));
-#else
-    float4 a = __ldcg(x + i);
-#endif
+    float4 a = input4(p, t, x, i);
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     if (norm) {
       const float4 g = __ldcg(gamma + i);
@@ -1113,18 +1190,13 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
   }
 }
 
-__device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
-  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
-  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
-  for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
-#if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
-  const bool add = adds_residual(t) && t[F_XCHG] < 0;
-#else
-  const bool add = adds_residual(t);
-#endif
-  const float res = add && ct < rows ? __ldcg(p.act + t[F_AUX] + row0 + ct) : 0.f;  // prefetched
-  stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+// The row sums of a matrix-vector task's `rows` rows (`halves` sums per row: gate/up pairs) from
+// its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
+// caller derives the thread's lane, page group and warp in the group first thing in the task (in
+// run_matvec that order gives the machine code it had before this loop was its own function).
+__device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp,
+                                             int k8, int halves, uint32_t& consumed, int lane, int group,
+                                             int gw) {
 #if WEIGHT_FP8
   const bool fp8 = t[F_W_FORMAT] == WF_FP8;
 #endif
@@ -1165,6 +1237,21 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     release_page(s, slot);
   }
   consumed = page_index;
+}
+
+__device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
+  for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+#if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
+  const bool add = adds_residual(t) && t[F_XCHG] < 0;
+#else
+  const bool add = adds_residual(t);
+#endif
+  const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
+  stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+  matvec_pages(p, s, t, rows, rb, rpp, k8, halves, consumed, lane, group, gw);
   compute_sync();
   float* out = p.act + t[F_OUT];
   const float rstd = normed(t) ? s.red[COMPUTE_WARPS] : 1.f;
@@ -1173,7 +1260,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
     float y = s.acc[i * halves] * rstd;
     if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1] * rstd;
-    if (add) y += i == ct ? res : __ldcg(p.act + t[F_AUX] + row0 + i);
+    if (add) y += i == ct ? res : residual(p, t, row0, i);
 #if TP > 1
     if (t[F_XCHG] >= 0) {  // a partial sum: to every rank, summed there (exchange_rows)
       publish_partial(p, t, row0 + i, y);
@@ -1181,6 +1268,9 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     }
 #endif
     __stcg(out + row0 + i, y);
+#if FFN_SPLIT_K  // the start value of a split-K FFN's sum
+    if (t[F_FIXED_OUT] >= 0) __stcg(reinterpret_cast<long long*>(p.act + t[F_FIXED_OUT]) + row0 + i, to_fixed(y));
+#endif
     if (y > best) {  // rows visited in increasing order: the first maximum wins ties
       best = y;
       best_row = row0 + i;
@@ -2063,6 +2153,69 @@ __device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long
 }
 #endif  // DSA
 
+#if FFN_SPLIT_K
+// ---- compute: a dense MLP as one split-K op (passes/fusion.py: _fuse_split_k) ---------------
+// Task [row0, row1) owns that slice of the intermediate dimension: it stages the RMS-normalized
+// input as a norm_matvec does, streams its slice's gate/up pairs (matvec_pages), leaves
+// h = silu(g) * u of the slice in shared memory, then streams W_down's columns of the slice as
+// F_K rows of `width` values and adds each row's dot product with h into the output, a
+// fixed-point sum whose start value the op before wrote (red.add of integers: the same bits in
+// any order). A down row is whole 16-byte pieces (8 bf16); SPLIT_K_LANES lanes share a row, so a
+// warp takes 32 / SPLIT_K_LANES rows at a time.
+__device__ __forceinline__ int split_k_lanes(int pieces) {
+  int lanes = 1;
+  while (lanes < pieces && lanes < 32) lanes *= 2;
+  return lanes;
+}
+
+__device__ void split_k_down(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  const int width = t[F_ROW1] - t[F_ROW0], rb = 2 * width, rpp = PAGE_BYTES / rb, rows = t[F_K];
+  const int pieces = width / 8, lanes = split_k_lanes(pieces), sub = lane % lanes;
+  const int per_warp = 32 / lanes, step_rows = GROUP_WARPS * per_warp;
+  const float4* h = reinterpret_cast<const float4*>(s.vec);
+  long long* out = reinterpret_cast<long long*>(p.act + t[F_OUT]);
+  uint32_t page_index = consumed;
+  for (int r = 0; r < rows; r += rpp, ++page_index) {
+    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
+    const int slot = page_index % RING_PAGES;
+    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
+    const uint8_t* page = s.ring + slot * PAGE_BYTES;
+    const int n = min(rpp, rows - r);
+    for (int base = gw * per_warp; base < n; base += step_rows) {  // warp-uniform: shuffles below
+      const int rr = base + lane / lanes;
+      float y = 0.f;
+      if (rr < n)
+        for (int q = sub; q < pieces; q += lanes) {
+          const uint4 w = *reinterpret_cast<const uint4*>(page + rr * rb + q * 16);
+          y = Bf16Row::dot(make_uint2(w.x, w.y), h[2 * q], y);
+          y = Bf16Row::dot(make_uint2(w.z, w.w), h[2 * q + 1], y);
+        }
+      for (int o = lanes / 2; o > 0; o >>= 1) y += __shfl_xor_sync(0xffffffffu, y, o);
+      if (sub == 0 && rr < n) red_add_s64(out + r + rr, to_fixed(y));
+    }
+    release_page(s, slot);
+  }
+  consumed = page_index;
+}
+
+__device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  const int width = t[F_ROW1] - t[F_ROW0];
+  for (int i = ct; i < 2 * width; i += NT) s.acc[i] = 0.f;
+  stage_vector(p, s, t, ct);  // normed: x * gamma staged, 1/rms in s.red; ends with a barrier
+  matvec_pages(p, s, t, width, t[F_ROW_BYTES], rows_per_page(t), t[F_K] / 8, 2, consumed, lane, group, gw);
+  compute_sync();  // every gate/up sum is in s.acc, and no warp reads the staged input any more
+  const float rstd = s.red[COMPUTE_WARPS];
+  for (int i = ct; i < width; i += NT) {  // as run_matvec's silu_mul epilogue
+    const float g = s.acc[2 * i] * rstd;
+    s.vec[i] = g / (1.f + __expf(-g)) * s.acc[2 * i + 1] * rstd;
+  }
+  compute_sync();
+  split_k_down(p, s, t, consumed, ct);
+}
+#endif  // FFN_SPLIT_K
+
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x - 32;
@@ -2125,6 +2278,9 @@ __device__ void run_compute(const Params& p, Shared& s) {
         case OP_ARGMAX: ok = run_argmax_ranks(p, s, t, step, id, opaque(ct)); break;
 #else
         case OP_ARGMAX: run_argmax(p, s, t, step, pos, opaque(ct)); break;
+#endif
+#if FFN_SPLIT_K
+        case OP_FFN_SPLIT_K: run_split_k(p, s, t, consumed, opaque(ct)); break;
 #endif
       }
       if (signal) signal_done(p, t);

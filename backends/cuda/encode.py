@@ -3,9 +3,10 @@
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
 A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
 shared expert), an MLA model's the `MLA_FIELDS`, a DSA model's then the `DSA_FIELDS` (decode.cuh
-declares them under `#if MOE`, `#if MOE_SHARED_K`, `#if MLA` and `#if DSA`), so that a dense
-model's table and kernel are what they were without them. Under tensor parallelism the
-`TP_FIELDS` come last (`#if TP > 1`).
+declares them under `#if MOE`, `#if MOE_SHARED_K`, `#if MLA` and `#if DSA`), a kernel with a
+split-K FFN's the `FFN_FIELDS` (`#if FFN_SPLIT_K`), so that a dense model's table and kernel
+are what they were without them. Under tensor parallelism the `TP_FIELDS` come last
+(`#if TP > 1`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tilertc.passes.program import Program, ScheduleError, Task
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4,
            "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7, "head_matvec": 8,
-           "mla_attention": 9, "dsa_score": 10, "dsa_topk": 11}
+           "mla_attention": 9, "dsa_score": 10, "dsa_topk": 11, "ffn_split_k": 12}
 # A routed task's rows are `slots` pieces, piece j from the expert the router put in slot
 # slot0 + j; the kernel's loader reads that expert's id only after acquiring `route`.
 MOE_FIELDS = ("route", "ids", "slot0", "slots", "expert_stride")
@@ -34,6 +35,10 @@ SHARED_FIELDS = ("shared_in", "shared_lo", "shared_hi")
 MLA_FIELDS = ("in_stride", "head_rows", "append")
 # A dsa_score task's key LayerNorm bias (its weight is at `aux3`).
 DSA_FIELDS = ("norm_bias",)
+# A kernel with a split-K FFN, whose output is a fixed-point buffer (fx64): whether a task's input
+# (`fixed_in`) or residual (`fixed_res`) is one, and the act offset of the start value of one a
+# matvec_add also writes (`fixed_out`, -1: none).
+FFN_FIELDS = ("fixed_in", "fixed_res", "fixed_out")
 # Tensor parallelism: a task that exchanges with the other ranks (an all-reducing op's, the
 # sampler) arrives on exchange counter `xchg` of every rank after writing its part into its
 # rank's slot of the receive buffer at act offset `xchg_buf` (slots `xchg_stride` floats
@@ -94,7 +99,8 @@ def _offset(program: Program, tensor: str) -> int:
 def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
-    the MLA ones when there is MLA attention, the DSA ones with an indexer)."""
+    the MLA ones when there is MLA attention, the DSA ones with an indexer, the FFN ones with
+    a split-K FFN)."""
     ops = program.graph.ops()
     opcodes = {op.opcode for op in ops}
     shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
@@ -102,6 +108,7 @@ def fields(program: Program) -> tuple[str, ...]:
             + (SHARED_FIELDS if shared else ())
             + (MLA_FIELDS if "mla_attention" in opcodes else ())
             + (DSA_FIELDS if "dsa_score" in opcodes else ())
+            + (FFN_FIELDS if "ffn_split_k" in opcodes else ())
             + (TP_FIELDS if program.tp > 1 else ()))
 
 
@@ -186,6 +193,8 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     row = dict.fromkeys(cols, 0)
     if "route" in row:
         row["route"] = -1
+    if "fixed_out" in row:
+        row.update(_fixed_fields(program, op))
     row.update(
         opcode=OPCODES[t.opcode],
         row0=t.rows[0],
@@ -197,7 +206,7 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     for i, (counter, per_step, lag) in enumerate(t.waits):
         row[f"wait{i}"], row[f"wait{i}_n"] = counter, per_step | (lag << LAG_SHIFT)
     a = op.attrs
-    if t.opcode in ("norm_matvec", "matvec_add", "head_matvec", *ROUTED):
+    if t.opcode in ("norm_matvec", "matvec_add", "head_matvec", "ffn_split_k", *ROUTED):
         weight = t.segments[0].tensor if t.segments else expert_weights(op)[0][0]
         row.update(
             # a MoE gate/up's rows are gate/up pairs, as a dense gate/up's with silu_mul
@@ -214,7 +223,7 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
         )
         if t.opcode == "head_matvec":
             row.update(_head_matvec(program, t, op))
-        if t.opcode in ("norm_matvec", "moe_gate_up"):
+        if t.opcode in ("norm_matvec", "moe_gate_up", "ffn_split_k"):
             row.update(aux=_offset(program, op.inputs[1]), eps=_f32_bits(a["eps"]))
         elif t.opcode == "matvec_add":
             row["aux"] = _offset(program, op.inputs[2])
@@ -276,6 +285,16 @@ def _exchange(program: Program, t: Task) -> dict[str, int]:
                 "xchg_stride": SAMPLE_EXCHANGE_FLOATS}
     return {"xchg": t.exchange, "xchg_buf": _offset(program, f"{t.op}.exchange"),
             "xchg_stride": program.graph.op(t.op).attrs["rows"]}
+def _fixed_fields(program: Program, op) -> dict[str, int]:
+    """FFN_FIELDS of any task of `op`: which of its inputs are fixed-point, and where a
+    matvec_add writes the start value of a split-K FFN's sum."""
+    def fixed(role: int) -> int:
+        return int(program.graph.tensors[op.inputs[role]].dtype == "fx64")
+
+    start = op.attrs.get("start_value")
+    return {"fixed_in": fixed(0) if op.opcode == "norm_matvec" else 0,
+            "fixed_res": fixed(2) if op.opcode == "matvec_add" else 0,
+            "fixed_out": _offset(program, start) if start else -1}
 
 
 def counter_index(program: Program) -> dict[str, int]:

@@ -31,7 +31,8 @@ def emit(program: Program) -> Emitted:
         raise ScheduleError(f"{program.spec.name}: FP8 weights are not yet in the TileLang "
                             "backend (its row-segment tiles are bf16); use --backend cuda")
     # its tiles cover the row-segment lengths of norm_matvec and matvec_add only
-    lacks = {**dict.fromkeys(ROUTED, "MoE experts are"), "head_matvec": "MLA is"}
+    lacks = {**dict.fromkeys(ROUTED, "MoE experts are"), "head_matvec": "MLA is",
+             "ffn_split_k": "the split-K FFN (ffn_split_k) is"}
     op = next((op for op in program.graph.ops() if op.opcode in lacks), None)
     if op is not None:
         raise ScheduleError(f"op {op.name!r}: {lacks[op.opcode]} not yet in the TileLang "
