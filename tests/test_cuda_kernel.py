@@ -396,16 +396,20 @@ def test_full_size_fp8_dsa_attention_matches_interpreter(name: str, tmp_path) ->
     test_token_loop_equals_single_steps(engine)
 
 
-def test_fp8_artifact_runs_a_bf16_checkpoint_quantized_at_load(tmp_path) -> None:
+@pytest.mark.parametrize(("name", "weight"), [
+    ("llama-tiny-odd", "model.layers.0.mlp.up_proj.weight"),
+    ("deepseek-v3.2-tiny-topk16", "model.layers.1.self_attn.kv_b_proj.weight")])
+def test_fp8_artifact_runs_a_bf16_checkpoint_quantized_at_load(name: str, weight: str,
+                                                                tmp_path) -> None:
     """bf16 weights given to an FP8 artifact are quantized at load; the kernel then matches the
     interpreter on those quantized weights."""
     from tilertc.ir.weights import random_weights
 
-    spec = tilertc.load_spec("llama-tiny-odd")
+    spec = load(name)
     out = compile(spec, tmp_path, CompileOptions(max_seq_len=512, weight_dtype="fp8"))
     bf16 = random_weights(tilertc.build_graph(spec, 512), seed=99)
     engine = Engine.load(out, weights=bf16)
-    assert engine.weights["model.layers.0.mlp.up_proj.weight"].dtype == torch.float8_e4m3fn
+    assert engine.weights[weight].dtype == torch.float8_e4m3fn
     check_teacher_forced(engine)
 
 

@@ -3,7 +3,8 @@
 the shared expert's rows packed where the task table points, the kernel's router run on the host
 against the interpreter's routing (`ir/moe.py: route`: sigmoid scores, correction bias,
 group-limited top-k), and a whole decode step of the kernel's own device code run on the host
-(tests/host_kernel.cpp: `step`) against the interpreter: logits, token, every MoE layer's expert
+(tests/host_kernel.cpp: `step`) against the interpreter, with bf16 and FP8 weights (the shared
+expert's down piece an FP8 row with its own scales): logits, token, every MoE layer's expert
 ids and combine weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (deepseek-v3-tiny).

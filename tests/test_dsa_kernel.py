@@ -1,9 +1,9 @@
 """The DSA lightning indexer (DeepSeek-V3.2, GLM-5) in the CUDA backend, on the CPU: what the
-codegen accepts and refuses, the DSA artifacts (tiny and full-size compile without spills, other
-cubins do not carry DSA code), the kernel's top-k selection (run_dsa_topk) against the
-interpreter's on scores with ties, and a whole decode step of the kernel's own device code run
-on the host (tests/host_kernel.cpp: `step`) against the interpreter, at contexts shorter and
-longer than index_topk.
+codegen accepts and refuses, the DSA artifacts (tiny and full-size compile without spills, bf16
+and FP8, other cubins do not carry DSA code), the kernel's top-k selection (run_dsa_topk)
+against the interpreter's on scores with ties, and a whole decode step of the kernel's own
+device code run on the host (tests/host_kernel.cpp: `step`) against the interpreter, at
+contexts shorter and longer than index_topk, with bf16 and FP8 weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (DSA_MODELS).
 """

@@ -1,9 +1,9 @@
 """Absorbed MLA (DeepSeek-V3 attention) in the CUDA backend, on the CPU: what the codegen
 accepts and refuses, the MLA artifacts (tiny and full-size attention compile without spills,
 dense cubins do not carry MLA code), the derived kv_b weights packed where the task table
-points, and a whole decode step of the kernel's own device code, run on the host
-(tests/host_kernel.cpp: `step`) from the task table, the packed weights and the arenas,
-against the interpreter.
+points (bf16, and FP8 with their derived scales), and a whole decode step of the kernel's own
+device code, run on the host (tests/host_kernel.cpp: `step`) from the task table, the packed
+weights and the arenas, against the interpreter, with bf16 and FP8 weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (MLA_MODELS).
 """
