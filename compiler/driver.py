@@ -27,7 +27,7 @@ from tilertc.passes.packing import expert_weights, static_bytes
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import rope_dim
-from tilertc.passes.tiling import segment_bytes, weight_row_bytes
+from tilertc.passes.tiling import scale_cols, segment_bytes, weight_row_bytes
 
 BACKENDS = ("cuda", "tilelang")
 
@@ -121,11 +121,13 @@ def _column_slices(program: Program, t, offset: int) -> list[dict[str, Any]]:
 
 def _fp8_rows(g: Graph, ws: list[Tensor]) -> dict[str, Any]:
     """For FP8 weights, what packing needs besides the rows: each segment's scale tensor, the
-    block and the packed bytes of one row (none for bf16)."""
+    block, the columns one packed scale covers and the packed bytes of one row (none for
+    bf16)."""
     if "scale_inv" not in ws[0].attrs:
         return {}
     return {"scales": [g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
-            "block": list(ws[0].attrs["block"]), "row_bytes": weight_row_bytes(ws[0])}
+            "block": list(ws[0].attrs["block"]), "scale_cols": scale_cols(ws[0]),
+            "row_bytes": weight_row_bytes(ws[0])}
 
 
 def _kv_cache(program: Program) -> dict[str, Any]:

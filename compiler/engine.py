@@ -36,9 +36,9 @@ from tilertc.artifact import (
     weight_table,
 )
 from tilertc.ir.build import build_graph
-from tilertc.ir.fp8 import pack_rows
+from tilertc.ir.fp8 import pack_rows, row_scales
 from tilertc.ir.interpreter import Interpreter
-from tilertc.ir.mla import derive_kv_b
+from tilertc.ir.mla import derive_kv_b, derive_kv_b_scales
 from tilertc.ir.rope import cos_sin
 from tilertc.ir.sampling import SamplingParams
 from tilertc.ir.weights import WeightSource, load_state_dict, quantize_unscaled, random_weights
@@ -64,8 +64,8 @@ ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weig
 def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
                  device: torch.device) -> torch.Tensor:
     """The packed weight buffer (bytes) of a manifest's `weights` entry: each task's rows at its
-    offset, gate/up pairs interleaved row by row, FP8 rows followed by their block scales, a
-    column slice (a split-K FFN's part of W_down) as rows of its columns (docs/artifact.md)."""
+    offset, gate/up pairs interleaved row by row, FP8 rows followed by their scales, a column
+    slice (a split-K FFN's part of W_down) as rows of its columns (docs/artifact.md)."""
     packed = torch.zeros(layout["packed_bytes"], dtype=torch.uint8, device=device)
     # Only the tensors the current entry reads stay on the device, which keeps packing memory
     # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
@@ -76,14 +76,19 @@ def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
                                                           e.get("derived", [""])[0])):
         kind, dims = entry.get("derived", ("", None))
         scales = entry.get("scales", [None] * len(entry["segments"]))
-        keys = {(seg[0], kind) for seg in entry["segments"]} | {(s, "") for s in scales if s}
+        keys = {(seg[0], kind) for seg in entry["segments"]} | {(s, kind) for s in scales if s}
         for key in set(on_dev) - keys:
             del on_dev[key]
         for name, k in keys - set(on_dev):
             w = weights[name].to(device)
-            on_dev[name, k] = derive_kv_b(w, k, dims) if k else w
-        c0, c1 = entry.get("columns", (None, None))  # a column slice: those of each row
-        parts = [pack_rows(on_dev[name, kind], on_dev[scale, ""], r0, r1, tuple(entry["block"]))
+            if name in scales:  # per row, as the rows are packed
+                block = tuple(entry["block"])
+                on_dev[name, k] = derive_kv_b_scales(w, k, dims, block) if k else \
+                    row_scales(w, block)
+            else:
+                on_dev[name, k] = derive_kv_b(w, k, dims) if k else w
+        c0, c1 = entry.get("columns", (None, None))  # a column slice (bf16): those of each row
+        parts = [pack_rows(on_dev[name, kind][r0:r1], on_dev[scale, kind][r0:r1])
                  if scale else on_dev[name, kind][r0:r1, c0:c1].contiguous().view(torch.uint8)
                  for (name, r0, r1), scale in zip(entry["segments"], scales, strict=True)]
         rows = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)

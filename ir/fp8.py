@@ -67,22 +67,29 @@ def quantize(weight: torch.Tensor, block: tuple[int, int],
     return q, scale_inv
 
 
-def packed_row_bytes(k: int, block_cols: int) -> int:
+def packed_row_bytes(k: int, scale_cols: int) -> int:
     """Bytes of one weight row of k columns as the kernel streams it: its k e4m3 values, then
-    the ceil(k / block_cols) fp32 scales of its block row, padded to 16 bytes. Values and scales
-    side by side let one bulk copy bring both; the padding keeps every row of a ring page on
-    the 16-byte boundaries bulk copies need."""
-    return -(-(k + 4 * math.ceil(k / block_cols)) // 16) * 16
+    one fp32 scale per `scale_cols` columns (ceil(k / scale_cols) of them), padded to 16 bytes.
+    Values and scales side by side let one bulk copy bring both; the padding keeps every row of
+    a ring page on the 16-byte boundaries bulk copies need. A checkpoint weight's row carries
+    the scales of its block row (`scale_cols` = the block's columns); a row derived from one
+    may need finer ones (`ir/mla.py: derive_kv_b_scales`)."""
+    return -(-(k + 4 * math.ceil(k / scale_cols)) // 16) * 16
 
 
-def pack_rows(weight: torch.Tensor, scale_inv: torch.Tensor, row0: int, row1: int,
-              block: tuple[int, int]) -> torch.Tensor:
-    """Rows [row0, row1) of an e4m3 weight with their block scales, in the layout of
-    `packed_row_bytes`: uint8 [row1 - row0, packed_row_bytes(k, block[1])], zero padding."""
-    n, k = row1 - row0, weight.shape[1]
-    out = torch.zeros(n, packed_row_bytes(k, block[1]), dtype=torch.uint8, device=weight.device)
-    out[:, :k] = weight[row0:row1].view(torch.uint8)
-    block_rows = torch.arange(row0, row1, device=scale_inv.device) // block[0]
-    scales = scale_inv[block_rows].float().contiguous()  # [n, ceil(k / block_cols)]
-    out[:, k:k + 4 * scales.shape[1]] = scales.view(torch.uint8).to(weight.device)
+def row_scales(scale_inv: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Each row's scales [rows rounded up to whole blocks, ceil(in / block_cols)]: the scales
+    of its block row."""
+    return scale_inv.float().repeat_interleave(block[0], dim=0)
+
+
+def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """e4m3 rows [n, k] with their scales [n, m] (one per k / m columns, the last partial) in
+    the layout of `packed_row_bytes`: uint8 [n, packed_row_bytes(k, ceil(k / m))], zero
+    padding."""
+    n, k = values.shape
+    m = scales.shape[1]
+    out = torch.zeros(n, -(-(k + 4 * m) // 16) * 16, dtype=torch.uint8, device=values.device)
+    out[:, :k] = values.view(torch.uint8)
+    out[:, k:k + 4 * m] = scales.float().contiguous().view(torch.uint8).to(values.device)
     return out

@@ -16,6 +16,8 @@ With DSA (DeepSeek-V3.2, GLM-5) the attention sees only the indexer's top-k toke
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tilertc.ir.blocks import (
@@ -29,6 +31,7 @@ from tilertc.ir.blocks import (
 )
 from tilertc.ir.build import rope_attrs
 from tilertc.ir.dsa import dsa_selection, selection_mask
+from tilertc.ir.fp8 import expand_blocks
 from tilertc.ir.graph import Graph, Op, TensorKind
 from tilertc.ir.interpreter import Step, causal_mask, semantics
 from tilertc.ir.rope import yarn_mscale
@@ -113,6 +116,34 @@ def derive_kv_b(w: torch.Tensor, kind: str, a: dict) -> torch.Tensor:
     if kind == "w_uv":
         return w_uv.reshape(-1, a["kv_lora_rank"]).contiguous()
     raise ValueError(f"unknown derived weight {kind!r} of kv_b_proj")
+
+
+def derived_scale_cols(kind: str, a: dict, block: tuple[int, int]) -> int:
+    """The columns one packed scale covers in a row of an FP8 weight derived from `kv_b_proj`.
+
+    A row of `w_uv` is a row of kv_b: the scales of its block row, one per block of columns.
+    A row (h, r) of `w_uk_t` runs down kv_b's column r over its rows h·(nope + v) + j,
+    j < nope, so its scale changes where that row index crosses a block row: at values of j
+    that are multiples of gcd(block rows, nope + v) for every head (64 for GLM-5's 192 + 256
+    rows per head, 128 for DeepSeek-V3's 128 + 128). One scale per that many columns keeps the
+    row exact in FP8 at a few bytes per row."""
+    if kind == "w_uv":
+        return block[1]
+    if kind == "w_uk_t":
+        return math.gcd(block[0], a["qk_nope_head_dim"] + a["v_head_dim"])
+    raise ValueError(f"unknown derived weight {kind!r} of kv_b_proj")
+
+
+def derive_kv_b_scales(scale_inv: torch.Tensor, kind: str, a: dict,
+                       block: tuple[int, int]) -> torch.Tensor:
+    """The scales of each row of a derived FP8 weight (`derive_kv_b`) as packed: [rows,
+    ceil(cols / derived_scale_cols)], from kv_b's `weight_scale_inv`. Every weight's scale is
+    derived as the weight itself is, then one is kept per `derived_scale_cols` columns (all
+    the columns it covers share it, by that function's choice)."""
+    rows = a["n_heads"] * (a["qk_nope_head_dim"] + a["v_head_dim"])
+    per_weight = derive_kv_b(expand_blocks(scale_inv.float(), (rows, a["kv_lora_rank"]), block),
+                             kind, a)
+    return per_weight[:, ::derived_scale_cols(kind, a, block)].contiguous()
 
 
 def q_heads(q: torch.Tensor, a: dict) -> tuple[torch.Tensor, torch.Tensor]:

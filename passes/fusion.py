@@ -6,7 +6,8 @@ next to the weight stream, so everything elementwise is folded into a neighbour:
 
 - `rms_norm` + the `linear`s that read it            -> `norm_matvec` (q/k/v become one op,
   MLA's q_a/kv_a and the DSA indexer's key and head weights too: one output, the
-  concatenation of theirs, whose parts stay addressable as views);
+  concatenation of theirs, whose parts stay addressable as views; one op per weight format
+  where an FP8 model keeps one of them bf16, as the DSA indexer's head weights);
   with `silu_mul` over a gate/up pair                 -> `norm_matvec` epilogue `silu_mul`
   (gate and up rows interleaved so one task owns both halves of its outputs);
   with the final `argmax`                             -> `norm_matvec` epilogue `argmax`
@@ -89,12 +90,13 @@ class Fusion:
             at += n
         return name
 
-    def derived(self, weight: str, kind: str, shape: tuple[int, int]) -> str:
+    def derived(self, weight: str, kind: str, shape: tuple[int, int], **attrs: object) -> str:
         """A weight the runtime derives from a checkpoint tensor when it packs (e.g. a
-        transposed slice); it replaces that tensor in the fused graph."""
+        transposed slice); it replaces that tensor in the fused graph. `attrs` add to the
+        source's (an FP8 weight's `scale_inv` and `block`), e.g. `scale_cols`."""
         src = self.g.tensors[weight]
         name = self.out.tensor(f"{weight}.{kind}", shape, src.dtype, TensorKind.WEIGHT,
-                               src.hf_name, **src.attrs, derived=kind, source=weight)
+                               src.hf_name, **src.attrs, derived=kind, source=weight, **attrs)
         self.out.tensors.pop(weight, None)
         return name
 
@@ -185,18 +187,39 @@ def _fuse_norm(f: Fusion, norm: Op) -> None:
         sample = users[0]
         f.emit(sample.name, "argmax", list(sample.inputs), list(sample.outputs), None, [sample])
         return
-    rows = sum(g.tensors[w].shape[0] for w in weights)
-    if len(linears) == 1:
-        name, out = linears[0].name, linears[0].outputs[0]
-    elif [op.name.rsplit(".", 1)[-1] for op in linears] == ["q_proj", "k_proj", "v_proj"]:
-        name = f"layers.{norm.layer}.qkv_proj"
-        out = f.concat(f"layers.{norm.layer}.qkv", [op.outputs[0] for op in linears])
+    if [op.name.rsplit(".", 1)[-1] for op in linears] == ["q_proj", "k_proj", "v_proj"]:
+        name, concat = f"layers.{norm.layer}.qkv_proj", f"layers.{norm.layer}.qkv"
     else:
         short = norm.name.rsplit(".", 1)[-1]
-        name = f"layers.{norm.layer}.{PROJECTION_NAMES.get(short, short + '_proj')}"
-        out = f.concat(name, [op.outputs[0] for op in linears])
-    f.emit(name, "norm_matvec", [x, gamma, *weights], [out], norm.layer, [norm, *linears],
-           rows=rows, epilogue="none", interleave=False, **common)
+        name = concat = f"layers.{norm.layer}.{PROJECTION_NAMES.get(short, short + '_proj')}"
+    by_format = _by_format(g, linears)
+    for i, (fmt, group) in enumerate(by_format.items()):
+        suffix = f".{fmt}" if i else ""  # the first format's op keeps the plain name
+        if len(linears) == 1:
+            op_name, out = linears[0].name, linears[0].outputs[0]
+        elif len(group) == 1:
+            op_name, out = name + suffix, group[0].outputs[0]
+        else:
+            op_name, out = name + suffix, f.concat(concat + suffix, [op.outputs[0] for op in group])
+        f.emit(op_name, "norm_matvec", [x, gamma, *(op.inputs[1] for op in group)], [out],
+               norm.layer, [norm, *group], rows=sum(g.tensors[op.inputs[1]].shape[0]
+                                                   for op in group),
+               epilogue="none", interleave=False, **common)
+    if len(by_format) > 1:
+        f.program.decide("fusion", f"{name}: one norm_matvec per weight format ("
+                         + "; ".join(f"{fmt}: {', '.join(op.name.split('.', 2)[-1] for op in ops)}"
+                                     for fmt, ops in by_format.items())
+                         + "), as a task streams rows of one format")
+
+
+def _by_format(g: Graph, linears: list[Op]) -> dict[str, list[Op]]:
+    """The linears by the format of their weight, formats in order of first use. An FP8 model
+    keeps a few small projections bf16 (the DSA indexer's head weights), which may share
+    their input norm with FP8 ones."""
+    out: dict[str, list[Op]] = {}
+    for op in linears:
+        out.setdefault(g.tensors[op.inputs[1]].dtype, []).append(op)
+    return out
 
 
 def _fuse_split_k(f: Fusion, norm: Op, linears: list[Op], act: Op) -> None:
@@ -209,9 +232,9 @@ def _fuse_split_k(f: Fusion, norm: Op, linears: list[Op], act: Op) -> None:
 
     The output x.ffn becomes a sum of every task's contribution onto a start value, x.attn,
     which the op that writes x.attn (o_proj's `matvec_add`) also writes there (`_start_values`).
-    The sum is DETERMINISTIC: x.ffn is a signed 64-bit fixed-point buffer (dtype `fx64`,
-    `FIXED_FRAC_BITS` = 32 fraction bits) and each contribution is rounded to it before an
-    integer add, so the result does not depend on the order of the adds (integer addition is
+    The sum's bits do not depend on the order of the adds: x.ffn is a signed 64-bit
+    fixed-point buffer (dtype `fx64`, `FIXED_FRAC_BITS` = 32 fraction bits) and each
+    contribution is rounded to it before an integer add (integer addition is
     associative; partial sums that wrap cancel, as long as the final value fits). The range
     is |x.ffn| < 2^31, far above a bf16 model's residual stream; the resolution 2^-32 adds at
     most (tasks + 1) x 2^-33 (~1.5e-8 at 132 tasks) to the f32 path's error, below one f32

@@ -22,6 +22,7 @@ layer becomes:
 from __future__ import annotations
 
 from tilertc.ir.graph import Op
+from tilertc.ir.mla import derived_scale_cols
 from tilertc.passes.fusion import Fusion
 
 MLA_DIMS = ("n_heads", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -42,8 +43,9 @@ def fuse_mla(f: Fusion, first: Op) -> None:
     nh, r, nope = a["n_heads"], a["kv_lora_rank"], a["qk_nope_head_dim"]
     qk = nope + a["qk_rope_head_dim"]
     kv_b = absorb.inputs[1]
-    w_uk_t = f.derived(kv_b, "w_uk_t", (nh * r, nope))
-    w_uv = f.derived(kv_b, "w_uv", (nh * a["v_head_dim"], r))
+    w_uk_t, w_uv = (f.derived(kv_b, kind, shape, **_scale_cols(f, kv_b, kind, dims))
+                    for kind, shape in (("w_uk_t", (nh * r, nope)),
+                                        ("w_uv", (nh * a["v_head_dim"], r))))
     q, q_off = f.locate(q_rope.inputs[0])
     kv_a, kv_off = f.locate(split.inputs[0])
     cache = append.outputs[0]
@@ -61,6 +63,15 @@ def fuse_mla(f: Fusion, first: Op) -> None:
     f.emit(expand.name, "head_matvec", [expand.inputs[0], w_uv], list(expand.outputs),
            first.layer, [expand], K=r, rows=nh * a["v_head_dim"], rows_per_head=a["v_head_dim"],
            in_stride=r, io={"x": [expand.inputs[0], 0]}, **dims)
+
+
+def _scale_cols(f: Fusion, kv_b: str, kind: str, dims: dict) -> dict[str, int]:
+    """An FP8 derived weight's `scale_cols` (`ir/mla.py: derived_scale_cols`): its rows stay
+    FP8, with one scale per that many columns; none for bf16."""
+    w = f.g.tensors[kv_b]
+    if "block" not in w.attrs:
+        return {}
+    return {"scale_cols": derived_scale_cols(kind, dims, tuple(w.attrs["block"]))}
 
 
 def _fuse_dsa(f: Fusion, ops: list[Op]) -> None:

@@ -20,9 +20,10 @@ shared expert's rows of a `moe_down_add`) stays in stream order, at its `static_
 
 from __future__ import annotations
 
+from tilertc.ir.graph import TensorKind
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
-from tilertc.passes.tiling import ROUTED, segment_bytes, weight_row_bytes
+from tilertc.passes.tiling import ROUTED, scale_cols, segment_bytes, weight_row_bytes
 
 PACK_ALIGN = 128  # bytes; bulk copies need 16, 128 keeps every task on its own cache lines
 
@@ -95,5 +96,22 @@ def pack(program: Program) -> Program:
         program.decide("packing", f"FP8 rows: a row's K e4m3 bytes, then the fp32 scales of "
                        f"its {fmt.block[1]}-column blocks (of its {fmt.block[0]}-row block row), "
                        "padded to 16 B, so that one bulk copy brings a page's values and scales "
-                       "together; lm_head stays bf16")
+                       "together; lm_head stays bf16" + _fp8_pieces(program))
     return program
+
+
+def _fp8_pieces(program: Program) -> str:
+    """What the FP8 decision adds for MLA's derived kv_b rows and a shared expert's pieces."""
+    g, out = program.graph, ""
+    w_uk = next((w for w in g.tensors.values() if w.kind is TensorKind.WEIGHT
+                 and w.attrs.get("derived") == "w_uk_t" and "scale_inv" in w.attrs), None)
+    if w_uk is not None:
+        out += ("; MLA's kv_b rows stay e4m3: W_uv's rows are kv_b's, W_uk's transposed rows "
+                f"(q absorption) run down kv_b's block rows and carry one scale per "
+                f"{scale_cols(w_uk)} columns (the heads' row offsets in kv_b are multiples of "
+                f"it): {weight_row_bytes(w_uk)} B per row of {w_uk.shape[1]} values, scales "
+                "derived from kv_b's at load")
+    if any(op.attrs.get("shared_intermediate") for op in g.ops() if op.opcode in ROUTED):
+        out += ("; a routed down row's shared-expert piece is an FP8 row with its own scales, "
+                "like each slot's")
+    return out

@@ -28,20 +28,15 @@ PASSES = [
 
 
 def check_weight_format(spec: ModelSpec, tp: int) -> None:
-    """FP8 weights are scheduled for dense and Qwen3-MoE models on one GPU. MLA reads FP8 rows
-    in a way the packing does not cover yet (its per-head transposed W_uk, whose blocks do not
-    follow its rows), nor a routed down row that ends with a shared expert's (its pieces would
-    not share a format), and sharding would cut scale blocks."""
+    """FP8 weights are scheduled for every family on one GPU: dense, MoE with or without a
+    shared expert (each piece of a routed down row an FP8 row with its own scales), MLA (kv_b's
+    derived rows stay FP8: W_uk's transposed rows with one scale per
+    `ir/mla.py: derived_scale_cols` columns) and the DSA indexer. Under tensor parallelism
+    sharding would cut scale blocks: refused."""
     if not spec.weight_format.is_fp8:
         return
     bf16 = ("; for the bf16 variant, override quantization_config with null (CLI: "
             "--set quantization_config=null, or --weight-dtype bf16)")
-    parts = [p for p, on in (("MLA", spec.mla),
-                             ("shared experts", spec.moe and spec.moe.num_shared_experts)) if on]
-    if parts:
-        raise ScheduleError(f"{spec.name}: FP8 weights are supported for dense and Qwen3-MoE "
-                            f"models only, not yet with {' and '.join(parts)} "
-                            f"({spec.model_type}){bf16}")
     if tp != 1:
         raise ScheduleError(f"{spec.name}: FP8 weights are supported at --tp 1 only, not yet "
                             f"with --tp {tp}{bf16}")

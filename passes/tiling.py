@@ -42,23 +42,37 @@ SPLIT_K_COLS = 8  # a split-K FFN slice is whole 16-byte pieces of bf16 down row
 ROUTED = ("moe_gate_up", "moe_down_add")
 
 
+def scale_cols(w: Tensor) -> int:
+    """The columns one packed scale of FP8 weight `w` covers: its block's, or fewer for a
+    weight derived from a checkpoint tensor (`ir/mla.py: derived_scale_cols`)."""
+    return w.attrs.get("scale_cols", w.attrs["block"][1])
+
+
 def weight_row_bytes(w: Tensor) -> int:
     """Bytes of one packed row of weight `w`: its bf16 values, or its FP8 values followed by
-    the block scales of its row (`ir/fp8.py: packed_row_bytes`)."""
+    its scales (`ir/fp8.py: packed_row_bytes`)."""
     if "scale_inv" in w.attrs:
-        return packed_row_bytes(w.shape[1], w.attrs["block"][1])
+        return packed_row_bytes(w.shape[1], scale_cols(w))
     return w.shape[1] * DTYPE_BYTES[w.dtype]
+
+
+def down_piece_bytes(program: Program, op) -> tuple[int, int]:
+    """A `moe_down_add` row's pieces: (bytes of one slot's, of the shared expert's or 0). Each
+    piece is a whole packed row of its expert (in an FP8 model: its values, then its own
+    scales), so that pieces gathered from anywhere keep their format."""
+    g = program.graph
+    _, _, _, _, _, experts, shared = down_inputs(op)
+    return (weight_row_bytes(g.tensors[experts[0]]),
+            weight_row_bytes(g.tensors[shared]) if shared else 0)
 
 
 def row_bytes(program: Program, op) -> int:
     """Bytes of weights behind one output row of a matrix-vector op (of a routed op: with
     every slot busy; of a split-K FFN: a gate/up pair, its widest rows)."""
     g = program.graph
-    if op.opcode == "moe_down_add":  # one piece per slot: a row of the slot's expert
-        a = op.attrs
-        down = g.tensors[down_inputs(op)[5][0]]  # expert 0's (the shared expert's comes last)
-        shared = a["K"] - a["slots"] * a["intermediate_size"]
-        return a["slots"] * weight_row_bytes(down) + shared * DTYPE_BYTES[down.dtype]
+    if op.opcode == "moe_down_add":  # one piece per slot, then the shared expert's
+        routed, shared = down_piece_bytes(program, op)
+        return op.attrs["slots"] * routed + shared
     ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5],
           "ffn_split_k": op.inputs[2:4]}.get(op.opcode, [op.inputs[1]])
     # One format per op: a task's rows are all read by one variant of the kernel's dot product.
@@ -164,16 +178,14 @@ def _tile_routed(program: Program, op) -> None:
                                           weight_bytes=round((r1 - r0) * rb * frac)))
         what = f"{a['slots']} slots x {inter} rows -> {a['slots']} x {n} tasks"
     else:
-        shared = op.attrs["shared_intermediate"]
-        elem = row_bytes(program, op) // a["K"]
+        routed, shared = down_piece_bytes(program, op)
         n = min(a["rows"], sms)
         bounds = _bounds(a["rows"], n)
         for i in range(n):
             r0, r1 = bounds[i], bounds[i + 1]
             segs = [WeightSegment(op.inputs[-1], r0, r1)] if shared else []
-            routed = (a["K"] - shared) * frac
             program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
-                                      round((r1 - r0) * (routed + shared) * elem)))
+                                      round((r1 - r0) * (a["slots"] * routed * frac + shared))))
         what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks"
     tasks = a["slots"] * n if op.opcode == "moe_gate_up" else n
     op.attrs["tile"] = {"tasks": tasks, "busy": frac}

@@ -122,6 +122,26 @@ static inline int atomicCAS(int* p, int cmp, int v) {
 }
 static inline unsigned atom_add_acq_rel(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline void __threadfence_system() {}
+#if WEIGHT_FP8
+// The FP8 dot product's conversion (decode.cuh: Fp8Row): a pair of e4m3 values to a pair of
+// f16 and on to float2. Every e4m3 value is exactly a float (and an f16), so the pair is
+// decoded straight to floats; tests/test_fp8_kernel.py runs the same dot product with
+// cuda_fp8.h's own conversion.
+typedef uint16_t __nv_fp8x2_storage_t;
+enum __nv_fp8_interpretation_t { __NV_E4M3 };
+struct __half2 {
+  float2 v;
+};
+static inline float e4m3_value(uint32_t b) {  // sign, 4 exponent bits (bias 7), 3 mantissa bits
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float v = e == 15 && m == 7 ? NAN : e == 0 ? std::ldexp(m / 8.f, -6) : std::ldexp(1.f + m / 8.f, e - 7);
+  return b & 0x80 ? -v : v;
+}
+static inline __half2 __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t x, __nv_fp8_interpretation_t) {
+  return {{e4m3_value(x & 0xffu), e4m3_value(x >> 8)}};
+}
+static inline float2 __half22float2(__half2 h) { return h.v; }
+#endif
 
 // ---- the CTA: compute threads as fibers on one host thread ---------------------------------
 // Each compute thread is a ucontext fiber; a barrier wait yields to the next fiber until every

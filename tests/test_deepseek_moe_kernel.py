@@ -3,7 +3,8 @@
 the shared expert's rows packed where the task table points, the kernel's router run on the host
 against the interpreter's routing (`ir/moe.py: route`: sigmoid scores, correction bias,
 group-limited top-k), and a whole decode step of the kernel's own device code run on the host
-(tests/host_kernel.cpp: `step`) against the interpreter: logits, token, every MoE layer's expert
+(tests/host_kernel.cpp: `step`) against the interpreter, with bf16 and FP8 weights (the shared
+expert's down piece an FP8 row with its own scales): logits, token, every MoE layer's expert
 ids and combine weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (deepseek-v3-tiny).
@@ -31,6 +32,7 @@ from tilertc.driver import CompileOptions, compile
 from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
 from tilertc.ir.weights import random_weights
+from tilertc.model_specs.hf import with_weight_dtype
 
 
 def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
@@ -174,24 +176,29 @@ def test_group_limits_change_the_choice() -> None:
 
 # -- a decode step of the device code, run on the host ---------------------------------------
 
-# (spec overrides, target, prompt length): deepseek-v3-tiny as built in on the H200 (one row
-# per task); on 5 SMs (routed tasks of several rows, several rows of gathered pieces per page);
-# one expert per token from one group and two shared experts (a shared piece twice as wide as
-# a routed one; a down task of one routed slot still gathers) on 7 SMs.
-STEPS = [({}, "h200", 20), ({}, small("h200-5", 5), 120),
-         ({"num_experts_per_tok": 1, "n_group": 1, "topk_group": 1, "n_shared_experts": 2},
-          small("h200-7", 7), 60)]
+# (weights, spec overrides, target, prompt length): deepseek-v3-tiny as built in on the H200
+# (one row per task); on 5 SMs (routed tasks of several rows, several rows of gathered pieces
+# per page); one expert per token from one group and two shared experts (a shared piece twice
+# as wide as a routed one; a down task of one routed slot still gathers) on 7 SMs. With FP8
+# weights (every piece of a down row an FP8 row with its own scales, the shared expert's too):
+# as built in, and with two shared experts on 7 SMs.
+ONE_SLOT_TWO_SHARED = {"num_experts_per_tok": 1, "n_group": 1, "topk_group": 1,
+                       "n_shared_experts": 2}
+STEPS = [("bf16", {}, "h200", 20), ("bf16", {}, small("h200-5", 5), 120),
+         ("bf16", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60),
+         ("fp8", {}, "h200", 20), ("fp8", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60)]
 
 
-@pytest.mark.parametrize("overrides, target, prefill", STEPS)
+@pytest.mark.parametrize("dtype, overrides, target, prefill", STEPS)
 def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
-        tmp_path: Path, overrides: dict[str, Any], target: Any, prefill: int) -> None:
+        tmp_path: Path, dtype: str, overrides: dict[str, Any], target: Any,
+        prefill: int) -> None:
     """One decode step of decode.cuh's own code, dense first layer, MoE layers (router,
     routed experts fetched by the loader's route_pieces / copy_pieces, shared expert) and MLA
     attention, from the task table, packed weights and arenas, against the interpreter (bf16
-    cache as the kernel's): every MoE layer's expert ids exactly and combine weights, every
-    layer's residual stream, the logits and the token."""
-    spec = tilertc.load_spec("deepseek-v3-tiny", overrides=overrides)
+    cache as the kernel's) on bf16 or FP8 weights: every MoE layer's expert ids exactly and
+    combine weights, every layer's residual stream, the logits and the token."""
+    spec = with_weight_dtype(tilertc.load_spec("deepseek-v3-tiny", overrides=overrides), dtype)
     program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, target, prefill)
     moe_layers = [op.layer for op in program.graph.ops() if op.opcode == "moe_topk"]
     assert moe_layers == [1, 2]

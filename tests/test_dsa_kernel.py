@@ -1,9 +1,9 @@
 """The DSA lightning indexer (DeepSeek-V3.2, GLM-5) in the CUDA backend, on the CPU: what the
-codegen accepts and refuses, the DSA artifacts (tiny and full-size compile without spills, other
-cubins do not carry DSA code), the kernel's top-k selection (run_dsa_topk) against the
-interpreter's on scores with ties, and a whole decode step of the kernel's own device code run
-on the host (tests/host_kernel.cpp: `step`) against the interpreter, at contexts shorter and
-longer than index_topk.
+codegen accepts and refuses, the DSA artifacts (tiny and full-size compile without spills, bf16
+and FP8, other cubins do not carry DSA code), the kernel's top-k selection (run_dsa_topk)
+against the interpreter's on scores with ties, and a whole decode step of the kernel's own
+device code run on the host (tests/host_kernel.cpp: `step`) against the interpreter, at
+contexts shorter and longer than index_topk, with bf16 and FP8 weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (DSA_MODELS).
 """
@@ -29,6 +29,7 @@ from tilertc.backends.cuda.encode import (
     DSA_FIELDS,
     FIELDS,
     MLA_FIELDS,
+    MLA_FP8_FIELDS,
     MOE_FIELDS,
     OPCODES,
     SHARED_FIELDS,
@@ -36,13 +37,13 @@ from tilertc.backends.cuda.encode import (
 from tilertc.driver import CompileOptions, compile
 from tilertc.ir import dsa  # noqa: F401  (registers the DSA opcodes' semantics)
 from tilertc.ir.interpreter import SEMANTICS
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import ScheduleError
 
 TOPK = 16  # index_topk of the host tests: contexts on both sides of it stay cheap
-# Full-size DeepSeek-V3.2 (bf16: FP8 MLA/MoE weights are refused) with 3 dense and 1 MoE
-# layer, and a smaller vocabulary
+# Full-size DeepSeek-V3.2 (bf16) with 3 dense and 1 MoE layer, and a smaller vocabulary
 FULL = {"quantization_config": None, "num_hidden_layers": 4, "first_k_dense_replace": 3,
         "vocab_size": 32000}
 
@@ -107,6 +108,37 @@ def test_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
         assert set(m["kv_cache"]["layers"]["0"]) == {"latent", "index_keys"}
 
 
+def test_fp8_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
+    """Full-size DeepSeek-V3.2 in its checkpoint's FP8 format and GLM-5 with FP8 weights (3
+    dense layers and 1 MoE layer each) compile into one checked kernel without spills. Every
+    projection streams FP8 rows (attention's, kv_b's derived rows, the indexer's wq_b and wk,
+    the dense and shared experts' and the routed experts') but the router, the indexer's head
+    weights and lm_head, which stay bf16 as in the checkpoints; q absorption's rows carry one
+    scale per 128 (DeepSeek) or 64 (GLM-5: heads of 448 kv_b rows) columns."""
+    needs_nvcc()
+    full = {k: v for k, v in FULL.items() if k != "quantization_config"}
+    for base, w_uk_cols in (("deepseek-v3.2", 128), ("glm-5", 64)):
+        spec = tilertc.load_spec(base, overrides=full)
+        out = compile(spec, tmp_path / base, CompileOptions(max_seq_len=4096, weight_dtype="fp8"))
+        assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
+        col, m = columns(out)
+        assert m["task_fields"] == [*FIELDS, *MOE_FIELDS, *SHARED_FIELDS, *MLA_FIELDS,
+                                    *MLA_FP8_FIELDS, *DSA_FIELDS]
+        assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, (base, m["kernel"]["ptxas"])
+        assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, (base, m["kernel"]["ptxas"])
+        formats = {seg[0]: e["format"] for e in m["weights"]["layout"] for seg in e["segments"]}
+        bf16 = {n for n, f in formats.items() if f == "bf16"}
+        assert bf16 and all(n.endswith(("indexer.weights_proj.weight", "mlp.gate.weight"))
+                            or n == "lm_head.weight" for n in bf16), sorted(bf16)
+        assert any("kv_b_proj" in n and f == "fp8_e4m3" for n, f in formats.items())
+        assert any("shared_experts.down_proj" in n and f == "fp8_e4m3" for n, f in formats.items())
+        heads = col["opcode"] == OPCODES["head_matvec"]
+        nope = spec.mla.qk_nope_head_dim
+        shifts = {(int(k), int(sh)) for k, sh in zip(col["k"][heads], col["scale_shift"][heads],
+                                                       strict=True)}
+        assert shifts == {(nope, (w_uk_cols // 4).bit_length() - 1), (512, 5)}
+
+
 # -- the top-k selection, run on the host --------------------------------------------------------
 
 def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
@@ -159,29 +191,34 @@ def test_topk_keeps_every_token_below_index_topk_and_ties_to_the_earlier() -> No
 
 # -- a decode step of the device code, run on the host ---------------------------------------
 
-# (spec, overrides, target, prompt length): deepseek-v3.2-tiny with index_topk 16 on the H200
-# below the top-k (every token chosen, 32 score chunks mostly empty) and above it (the
+# (weights, spec, overrides, target, prompt length): deepseek-v3.2-tiny with index_topk 16 on
+# the H200 below the top-k (every token chosen, 32 score chunks mostly empty) and above it (the
 # selection chosen by score, attention chunks of the top-k list); on 5 SMs (several keys per
 # score chunk and warp, several attention key blocks); GLM-5-tiny (its indexer's RoPE
-# interleaved, a layer reusing the layer before's selection) on 7 SMs.
+# interleaved, a layer reusing the layer before's selection) on 7 SMs. With FP8 weights (the
+# indexer's wq_b and wk too, its head weights bf16 in an op of their own): deepseek-v3.2-tiny
+# above the top-k, and GLM-5-tiny (W_uk's rows with one scale per 8 columns) on 7 SMs.
 STEPS = [
-    ("deepseek-v3.2-tiny", {}, "h200", 10),
-    ("deepseek-v3.2-tiny", {}, "h200", 100),
-    ("deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-5", 5), 200),
-    ("glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
+    ("bf16", "deepseek-v3.2-tiny", {}, "h200", 10),
+    ("bf16", "deepseek-v3.2-tiny", {}, "h200", 100),
+    ("bf16", "deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-5", 5), 200),
+    ("bf16", "glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
+    ("fp8", "deepseek-v3.2-tiny", {}, "h200", 100),
+    ("fp8", "glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
 ]
 
 
-@pytest.mark.parametrize("name, overrides, target, prefill", STEPS)
+@pytest.mark.parametrize("dtype, name, overrides, target, prefill", STEPS)
 def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
-        tmp_path: Path, name: str, overrides: dict[str, Any], target: Any, prefill: int) -> None:
+        tmp_path: Path, dtype: str, name: str, overrides: dict[str, Any], target: Any,
+        prefill: int) -> None:
     """One decode step of decode.cuh's own code (indexer scores and key append, top-k, MLA
     attention over the selection, MoE, lm_head, sampler) from the task table, packed weights
-    and arenas, against the interpreter (bf16 caches as the kernel's): every indexer's scores
-    of the context, its selected token ids exactly, its appended key row (to a bf16 rounding
-    step) and untouched prefilled rows; every layer's attention output and residuals; the
-    logits and the token."""
-    spec = dsa_tiny(name, **overrides)
+    and arenas, against the interpreter (bf16 caches as the kernel's) on bf16 or FP8 weights:
+    every indexer's scores of the context, its selected token ids exactly, its appended key
+    row (to a bf16 rounding step) and untouched prefilled rows; every layer's attention output
+    and residuals; the logits and the token."""
+    spec = with_weight_dtype(dsa_tiny(name, **overrides), dtype)
     program, got_tok, bufs, env, m = random_host_step(tmp_path, spec, target, prefill)
     n, k = prefill + 1, spec.indexer.topk
     indexers = [i for i in range(spec.num_layers) if spec.indexer.runs_indexer(i)]

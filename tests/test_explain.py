@@ -52,7 +52,7 @@ def test_folding_is_only_a_view() -> None:
 
 
 def test_tensor_parallel_roles_and_all_reduces() -> None:
-    # The passes do not take FP8 weights yet: explain the bf16 variant.
+    # FP8 weights are scheduled at --tp 1 only: explain the bf16 variant.
     ex = explain(load_spec("deepseek-v3.2", {"quantization_config": None}), tp=8, max_seq_len=1024)
     roles = {r.name: r.roles for r in ex.rows}
     assert roles["layers.3-60.o_proj"].endswith("row-parallel + all-reduce")

@@ -2,7 +2,7 @@
 dot product, on a CPU (the kernel against the interpreter on a GPU: tests/test_cuda_kernel.py).
 
 - the two ways to ask for FP8 (`weight_dtype`, a config's quantization_config) give one spec;
-  what is not supported yet (MoE, MLA, --tp, TileLang) is refused by name;
+  what is not supported yet (--tp, TileLang) is refused by name;
 - the passes count FP8 rows as their e4m3 bytes plus their block scales, padded (before: two
   bytes per weight), and the schedule verifier passes on FP8 models;
 - the packed buffer, read back row by row from the task table, dequantizes to the
@@ -32,7 +32,7 @@ from tilertc.backends.cuda.encode import FIELDS, WEIGHT_FORMATS, encode
 from tilertc.cli import main
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import pack_weights
-from tilertc.ir.fp8 import expand_blocks, pack_rows, packed_row_bytes, quantize
+from tilertc.ir.fp8 import expand_blocks, pack_rows, packed_row_bytes, quantize, row_scales
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.weights import quantize_unscaled, random_weights
 from tilertc.model_specs import SpecError, load_spec
@@ -71,14 +71,11 @@ def test_both_ways_to_ask_for_fp8_give_one_spec() -> None:
         with_weight_dtype(by_option, "int4")
 
 
-@pytest.mark.parametrize(("name", "tp", "match"), [
-    ("deepseek-v3.2", 1, r"dense and Qwen3-MoE models only, not yet with MLA and shared "
-                         r"experts \(deepseek_v32\).*--weight-dtype bf16"),
-    ("llama-3.1-8b", 2, r"--tp 1 only, not yet with --tp 2"),
-])
-def test_what_fp8_does_not_cover_yet_is_refused_by_name(name: str, tp: int, match: str) -> None:
-    with pytest.raises(ScheduleError, match=match):
-        make_program(with_weight_dtype(load_spec(name), "fp8"), tp=tp)
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "deepseek-v3.2"])
+def test_fp8_with_tensor_parallelism_is_refused_by_name(name: str) -> None:
+    with pytest.raises(ScheduleError, match=r"--tp 1 only, not yet with --tp 2.*--weight-dtype "
+                                            r"bf16"):
+        make_program(with_weight_dtype(load_spec(name), "fp8"), tp=2)
 
 
 def test_tilelang_backend_refuses_fp8() -> None:
@@ -142,7 +139,8 @@ def test_task_table_names_each_tasks_weight_format() -> None:
     assert bf16["WEIGHT_FP8"] == 0 and "FP8_BLOCK_COLS" not in bf16
 
 
-@pytest.mark.parametrize("name", [*DENSE_TINY, "qwen3-moe-tiny"])
+@pytest.mark.parametrize("name", [*DENSE_TINY, "qwen3-moe-tiny", "deepseek-v3-tiny",
+                                  "deepseek-v3.2-tiny", "glm-5-tiny"])
 def test_verifier_runs_fp8_tiny_models_against_the_interpreter(name: str) -> None:
     verify(make_program(fp8(name), max_seq_len=SEQ), "numeric")
 
@@ -239,6 +237,37 @@ def test_bf16_checkpoints_are_quantized_at_load_and_fp8_ones_kept() -> None:
     assert w + "_scale_inv" not in quantize_unscaled(graph, no_scale)  # for check_weights
 
 
+@pytest.mark.parametrize("name", ["deepseek-v3.2-tiny", "glm-5-tiny"])
+def test_fp8_mla_checkpoints_in_the_published_layout_are_what_the_artifact_takes(
+        name: str) -> None:
+    """The weights an FP8 DeepSeek-V3.2 / GLM-5 artifact takes, by checkpoint name: every
+    linear layer's `*.weight` e4m3 with its fp32 `*.weight_scale_inv` (attention's, kv_b, the
+    indexer's wq_b and wk, the dense MLP's, the shared and the routed experts'), and bf16 the
+    norms, the router, the indexer's weights_proj, the embedding and lm_head. A bf16
+    checkpoint quantized at load has exactly that layout."""
+    from tilertc.artifact import weight_table
+
+    graph = tilertc.build_graph(fp8(name), SEQ)
+    table = weight_table(graph)
+    e4m3 = {n for n, (_, dtype) in table.items() if dtype == torch.float8_e4m3fn}
+    moe = "model.layers.1."
+    assert {moe + p + ".weight" for p in (
+        "self_attn.q_a_proj", "self_attn.q_b_proj", "self_attn.kv_a_proj_with_mqa",
+        "self_attn.kv_b_proj", "self_attn.o_proj", "self_attn.indexer.wq_b",
+        "self_attn.indexer.wk", "mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj",
+        "mlp.shared_experts.down_proj", "mlp.experts.7.up_proj", "mlp.experts.0.down_proj",
+    )} | {"model.layers.0.mlp.down_proj.weight"} <= e4m3
+    scales = {n for n, (_, dtype) in table.items() if dtype == torch.float32}
+    assert scales == {n + "_scale_inv" for n in e4m3} | {
+        f"model.layers.{i}.mlp.gate.e_score_correction_bias" for i in (1, 2)}
+    for n in (moe + "self_attn.indexer.weights_proj.weight", moe + "mlp.gate.weight",
+              moe + "self_attn.kv_a_layernorm.weight", "lm_head.weight",
+              "model.embed_tokens.weight"):
+        assert table[n][1] == torch.bfloat16, n
+    bf16 = random_weights(tilertc.build_graph(load_spec(name), SEQ), seed=1)
+    check_weights(quantize_unscaled(graph, bf16), table)
+
+
 # -- the kernel's FP8 dot product, on the host --------------------------------------------------
 HARNESS = Path(__file__).with_name("host_fp8_dot.cpp")
 
@@ -269,61 +298,79 @@ def host_dot(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def fp8_row(k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """One e4m3 row of k columns with its scales; blocks of very different magnitudes, and
-    zeros, e4m3's largest value and subnormals among the values."""
+def fp8_row(k: int, gen: torch.Generator, cols: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """One e4m3 row of k columns with one scale per `cols` columns; blocks of very different
+    magnitudes, and zeros, e4m3's largest value and subnormals among the values."""
     w = torch.randn(1, k, generator=gen) * torch.exp2(torch.randint(-12, 4, (1, k), generator=gen))
     w[0, :: 37] = 0.0
-    q, s = quantize(w, (128, 128))
+    q, s = quantize(w, (1, cols))
     q = q.view(torch.uint8)
     q[0, 5::53] = 0x7E  # 448
     q[0, 11::61] = 0x83  # a negative subnormal
     return q.view(torch.float8_e4m3fn), s
 
 
-@pytest.mark.parametrize("k", [64, 72, 200, 1024, 2056, 4096])
-def test_kernel_fp8_dot_product_is_float64_math(host_dot: Path, k: int) -> None:
-    gen = torch.Generator().manual_seed(k)
-    q, s = fp8_row(k, gen)
-    packed = pack_rows(q, s, 0, 1, (128, 128))[0].numpy().tobytes()
-    x = (torch.randn(k, generator=gen) * 3).numpy().astype(np.float32)
-    k8 = k // 8
-    segments = {(0, k8), (0, 1), (k8 - 1, k8), (3, max(4, k8 - 2)), (k8 // 3, 2 * k8 // 3),
-                (5, min(k8, 5 + 16)), (7, min(k8, 7 + 64 + 5))}
-    segments = sorted((b, e) for b, e in segments if 0 <= b < e <= k8)
-    stdin = b"".join(struct.pack("<4i", k, b, e, 1) + packed + x.tobytes() for b, e in segments)
+def run_dot(host_dot: Path, cases: list[tuple[int, int, int, int, int, int]], packed: bytes,
+            x: np.ndarray) -> list[float]:
+    """The harness's warp sums of `cases` (k, begin, end, slots, shared_k, scale_cols), all
+    over one packed row and input."""
+    stdin = b"".join(struct.pack("<6i", *c) + packed + x.tobytes() for c in cases)
     out = subprocess.run([str(host_dot)], input=stdin, capture_output=True, check=True).stdout
-    got = [np.uint32(int(line)).view(np.float32) for line in out.decode().split()]
-    # e4m3 x fp32 scale, exact in float64
-    w = (q.double() * expand_blocks(s.double(), (1, k), (128, 128)))[0].numpy()
-    for (b, e), y in zip(segments, got, strict=True):
-        terms = w[8 * b:8 * e] * x[8 * b:8 * e].astype(np.float64)
-        want = terms.sum()
-        # float32 products and sums: a few ulps of the largest partial sums
-        assert abs(float(y) - want) <= 1e-6 * np.abs(terms).sum() + 1e-30, (b, e, float(y), want)
+    return [float(np.uint32(int(line)).view(np.float32)) for line in out.decode().split()]
 
 
-@pytest.mark.parametrize("pieces, k", [(2, 64), (8, 768), (4, 200 * 4)])
-def test_kernel_fp8_dot_over_a_routed_rows_pieces_is_float64_math(host_dot: Path, pieces: int,
-                                                                  k: int) -> None:
-    """A routed down row is one FP8 row per slot side by side, each with its own scales: the
-    pieces' dot product over any segment of the whole row equals float64 math."""
-    gen = torch.Generator().manual_seed(pieces * k)
-    rows = [fp8_row(k // pieces, gen) for _ in range(pieces)]
-    packed = b"".join(pack_rows(q, s, 0, 1, (128, 128))[0].numpy().tobytes() for q, s in rows)
-    x = (torch.randn(k, generator=gen) * 3).numpy().astype(np.float32)
-    w = np.concatenate([(q.double() * expand_blocks(s.double(), (1, k // pieces), (128, 128)))[0]
-                        .numpy() for q, s in rows])
-    k8, pk8 = k // 8, k // 8 // pieces
-    segments = sorted({(0, k8), (0, pk8), (pk8 - 1, pk8 + 1), (1, k8 - 1), (pk8, 2 * pk8),
-                       (k8 // 3, 2 * k8 // 3)})
-    stdin = b"".join(struct.pack("<4i", k, b, e, pieces) + packed + x.tobytes()
-                     for b, e in segments)
-    out = subprocess.run([str(host_dot)], input=stdin, capture_output=True, check=True).stdout
-    got = [np.uint32(int(line)).view(np.float32) for line in out.decode().split()]
+def assert_float64_math(got: list[float], segments: list[tuple[int, int]], w: np.ndarray,
+                        x: np.ndarray) -> None:
+    """Each segment's dot product (8-column groups [b, e)) to a few float32 ulps of its
+    largest partial sums: float32 products and sums of e4m3 x fp32 scale, exact in float64."""
     for (b, e), y in zip(segments, got, strict=True):
         terms = w[8 * b:8 * e] * x[8 * b:8 * e].astype(np.float64)
-        assert abs(float(y) - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (b, e)
+        assert abs(y - terms.sum()) <= 1e-6 * np.abs(terms).sum() + 1e-30, (b, e, y, terms.sum())
+
+
+def segments_of(k8: int, *extra: tuple[int, int]) -> list[tuple[int, int]]:
+    cand = {(0, k8), (0, 1), (k8 - 1, k8), (3, max(4, k8 - 2)), (k8 // 3, 2 * k8 // 3),
+            (5, min(k8, 5 + 16)), (7, min(k8, 7 + 64 + 5)), *extra}
+    return sorted((b, e) for b, e in cand if 0 <= b < e <= k8)
+
+
+@pytest.mark.parametrize(("k", "cols"), [(64, 128), (72, 128), (200, 128), (1024, 128),
+                                         (2056, 128), (4096, 128), (192, 64), (24, 8),
+                                         (128, 32), (520, 64)])
+def test_kernel_fp8_dot_product_is_float64_math(host_dot: Path, k: int, cols: int) -> None:
+    """One FP8 row with one scale per `cols` columns: 128 (a checkpoint weight's block), or
+    fewer (MLA's q absorption rows: 64 for GLM-5, 8 for glm-5-tiny)."""
+    gen = torch.Generator().manual_seed(k + cols)
+    q, s = fp8_row(k, gen, cols)
+    packed = pack_rows(q, row_scales(s, (1, cols))).numpy().tobytes()
+    x = (torch.randn(k, generator=gen) * 3).numpy().astype(np.float32)
+    segments = segments_of(k // 8)
+    got = run_dot(host_dot, [(k, b, e, 1, 0, cols) for b, e in segments], packed, x)
+    w = (q.double() * expand_blocks(s.double(), (1, k), (1, cols)))[0].numpy()
+    assert_float64_math(got, segments, w, x)
+
+
+@pytest.mark.parametrize("slots, k, shared", [(2, 64, 0), (8, 768, 0), (4, 200 * 4, 0),
+                                               (2, 64 + 32, 32), (1, 32 + 64, 64),
+                                               (8, 8 * 96 + 200, 200)])
+def test_kernel_fp8_dot_over_a_routed_rows_pieces_is_float64_math(host_dot: Path, slots: int,
+                                                                  k: int, shared: int) -> None:
+    """A routed down row is one FP8 row per slot side by side, then (DeepSeek-V3) the shared
+    expert's, each with its own scales; the shared one may be wider (several shared experts):
+    the pieces' dot product over any segment of the whole row equals float64 math."""
+    gen = torch.Generator().manual_seed(slots * k + shared)
+    widths = [(k - shared) // slots] * slots + ([shared] if shared else [])
+    rows = [fp8_row(n, gen) for n in widths]
+    packed = b"".join(pack_rows(q, row_scales(s, (128, 128))[:1]).numpy().tobytes()
+                      for q, s in rows)
+    x = (torch.randn(k, generator=gen) * 3).numpy().astype(np.float32)
+    w = np.concatenate([(q.double() * expand_blocks(s.double(), (1, n), (128, 128)))[0].numpy()
+                        for (q, s), n in zip(rows, widths, strict=True)])
+    k8, pk8 = k // 8, widths[0] // 8
+    segments = segments_of(k8, (0, pk8), (pk8 - 1, pk8 + 1), (1, k8 - 1), (pk8, 2 * pk8),
+                           (k8 - shared // 8 - 1, k8), (k8 - shared // 8, k8))
+    got = run_dot(host_dot, [(k, b, e, slots, shared, 128) for b, e in segments], packed, x)
+    assert_float64_math(got, segments, w, x)
 
 
 # -- the command line ---------------------------------------------------------------------------
@@ -342,8 +389,8 @@ def test_compile_weight_dtype_fp8_writes_a_checked_artifact(tmp_path: Path) -> N
     assert "#define WEIGHT_FP8 1" in (out / "kernel.cu").read_text()
     fmt = {e["format"] for e in m["weights"]["layout"]}
     assert fmt == {"bf16", "fp8_e4m3"}
-    refused = CliRunner().invoke(main, ["compile", "deepseek-v3-tiny", "-o", str(tmp_path / "ds"),
-                                        "--weight-dtype", "fp8"])
-    assert refused.exit_code != 0 and "not yet with MLA and shared experts" in refused.output
+    refused = CliRunner().invoke(main, ["explain", "llama-tiny", "--weight-dtype", "fp8",
+                                        "--tp", "2"])
+    assert refused.exit_code != 0 and "not yet with --tp 2" in refused.output
     explained = CliRunner().invoke(main, ["explain", "llama-tiny", "--weight-dtype", "fp8"])
     assert explained.exit_code == 0 and "FP8 rows" in explained.output

@@ -1,15 +1,16 @@
 """Absorbed MLA (DeepSeek-V3 attention) in the CUDA backend, on the CPU: what the codegen
 accepts and refuses, the MLA artifacts (tiny and full-size attention compile without spills,
 dense cubins do not carry MLA code), the derived kv_b weights packed where the task table
-points, and a whole decode step of the kernel's own device code, run on the host
-(tests/host_kernel.cpp: `step`) from the task table, the packed weights and the arenas,
-against the interpreter.
+points (bf16, and FP8 with their derived scales), and a whole decode step of the kernel's own
+device code, run on the host (tests/host_kernel.cpp: `step`) from the task table, the packed
+weights and the arenas, against the interpreter, with bf16 and FP8 weights.
 
 The kernel against the interpreter on a GPU is in tests/test_cuda_kernel.py (MLA_MODELS).
 """
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.mla import kv_b_per_head
 from tilertc.ir.target import get_target
 from tilertc.ir.weights import random_weights
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.pipeline import make_program
@@ -99,26 +101,74 @@ def test_mla_artifacts_compile_without_spills(tmp_path: Path) -> None:
         assert (col["append"] == 1).sum() == 3  # one latent append per layer
 
 
-def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them() -> None:
+@pytest.mark.parametrize("spec", [mla_tiny(), with_weight_dtype(mla_tiny(), "fp8"),
+                                  with_weight_dtype(tilertc.load_spec("glm-5-tiny"), "fp8")],
+                         ids=["bf16", "fp8", "glm-5-tiny-fp8"])
+def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them(spec: ModelSpec) -> None:
     """Every head_matvec task's packed rows are the rows of W_uk transposed per head (q
-    absorption) or of W_uv (v expansion), cut from kv_b_proj."""
-    program = tilertc.schedule(mla_tiny())
+    absorption) or of W_uv (v expansion), cut from kv_b_proj: bf16 as they are; FP8 as e4m3
+    values then one fp32 scale per `scale_cols` columns (the manifest's), which dequantize
+    exactly to the interpreter's kv_b. glm-5-tiny: heads of 56 kv_b rows, so W_uk's rows cross
+    kv_b's block rows within a head and carry one scale per 8 columns."""
+    program = tilertc.schedule(spec)
     m = manifest(program, CompileOptions(), codegen.constants(program), {}, "")
-    weights = random_weights(tilertc.build_graph(program.spec, 64), seed=5)
+    graph = tilertc.build_graph(program.spec, 64)
+    weights = random_weights(graph, seed=5)
+    interp = Interpreter(graph, weights)
     packed = pack_weights(m["weights"], weights, torch.device("cpu"))
-    seen = 0
+    entries = {e["offset"]: e for e in m["weights"]["layout"]}
+    seen, cols = 0, set()
     for op in (o for o in program.graph.ops() if o.opcode == "head_matvec"):
         a = op.attrs
-        kv_b = weights[f"model.layers.{op.layer}.self_attn.kv_b_proj.weight"]
-        w_uk, w_uv = kv_b_per_head(kv_b, a)
+        w_uk, w_uv = kv_b_per_head(interp.params[f"layers.{op.layer}.self_attn.kv_b_proj"], a)
         rows = (w_uk.transpose(1, 2) if "kv_a" in a["io"] else w_uv).reshape(a["rows"], a["K"])
         for t in (t for t in program.tasks if t.op == op.name):
             row = encode.encode_task(program, t)
             at = row[FIELDS.index("w_lo")] * 16
-            got = packed[at: at + (t.rows[1] - t.rows[0]) * a["K"] * 2].view(torch.bfloat16)
-            assert torch.equal(got, rows[t.rows[0]:t.rows[1]].reshape(-1)), (op.name, t.index)
+            entry, n = entries[at], t.rows[1] - t.rows[0]
+            if not spec.weight_format.is_fp8:
+                got = packed[at: at + n * a["K"] * 2].view(torch.bfloat16).float()
+            else:
+                c, k = entry["scale_cols"], a["K"]
+                raw = packed[at: at + n * entry["row_bytes"]].view(n, entry["row_bytes"])
+                scales = raw[:, k:k + 4 * -(-k // c)].contiguous().view(torch.float32)
+                got = (raw[:, :k].contiguous().view(torch.float8_e4m3fn).float()
+                       * scales.repeat_interleave(c, 1)[:, :k])
+                cols.add(c)
+            assert torch.equal(got.reshape(-1), rows[t.rows[0]:t.rows[1]].reshape(-1)), (
+                op.name, t.index)
             seen += 1
-    assert seen == 3 * 2 * 64  # layers x (absorption, expansion) x tasks
+    mla = spec.mla  # layers x (absorption, expansion): one task per row, at most one per SM
+    assert seen == spec.num_layers * sum(min(spec.num_heads * n, 132)
+                                         for n in (mla.kv_lora_rank, mla.v_head_dim))
+    if spec.weight_format.is_fp8:  # W_uk's rows: gcd(128, nope + v); W_uv's: the block's
+        nope_v = spec.mla.qk_nope_head_dim + spec.mla.v_head_dim
+        assert cols == {math.gcd(128, nope_v), 128} == ({8, 128} if nope_v == 56 else {32, 128})
+
+
+def test_derived_kv_b_scales_dequantize_to_the_derived_weights() -> None:
+    """At full-size shapes too (DeepSeek-V3: heads of 128 + 128 kv_b rows; GLM-5: 192 + 256,
+    whose odd heads start halfway into a block row), the e4m3 values of a derived weight
+    times its derived scales, one per `derived_scale_cols` columns, are exactly the derived
+    dequantized kv_b."""
+    from tilertc.ir.fp8 import dequantize, quantize
+    from tilertc.ir.mla import derive_kv_b, derive_kv_b_scales, derived_scale_cols
+
+    gen = torch.Generator().manual_seed(0)
+    for heads, nope, v, rank, want in ((3, 128, 128, 512, 128), (3, 192, 256, 512, 64),
+                                       (4, 24, 32, 16, 8)):
+        a = {"n_heads": heads, "qk_nope_head_dim": nope, "v_head_dim": v, "kv_lora_rank": rank}
+        w = torch.randn(heads * (nope + v), rank, generator=gen)
+        w *= torch.exp2(torch.randint(-6, 6, (heads * (nope + v), 1), generator=gen))
+        q, s = quantize(w, (128, 128))
+        assert derived_scale_cols("w_uk_t", a, (128, 128)) == want
+        for kind in ("w_uk_t", "w_uv"):
+            cols = derived_scale_cols(kind, a, (128, 128))
+            values = derive_kv_b(q.float(), kind, a)
+            scales = derive_kv_b_scales(s, kind, a, (128, 128))
+            assert scales.shape == (values.shape[0], -(-values.shape[1] // cols))
+            got = values * scales.repeat_interleave(cols, 1)[:, :values.shape[1]]
+            assert torch.equal(got, derive_kv_b(dequantize(q, s, (128, 128)), kind, a)), kind
 
 
 # -- a decode step of the device code, run on the host ---------------------------------------
@@ -168,18 +218,30 @@ def small(name: str, sms: int):
 
 
 SEQ = 256
-# (spec overrides, target, prompt length, what the step's tasks cover): the tiny spec on the
-# H200 (one row per task, 32 chunks, some empty at this context); on 5 SMs (head_matvec tasks
-# straddling heads, 2 blocks of keys per chunk); 32 heads in two groups, no q LoRA (q from the
-# input norm's projection), RoPE not interleaved, a latent rank of 160 (2 latent dims per
-# thread of 4 warps) on 7 SMs (tasks spanning 6 heads, 3 blocks of keys per chunk).
+WIDE = {"num_attention_heads": 32, "num_key_value_heads": 32, "q_lora_rank": None,
+        "rope_interleave": False, "kv_lora_rank": 160}
+# (weights, spec overrides, target, prompt length, what the step's tasks cover): the tiny spec
+# on the H200 (one row per task, 32 chunks, some empty at this context); on 5 SMs (head_matvec
+# tasks straddling heads, 2 blocks of keys per chunk); 32 heads in two groups, no q LoRA (q from
+# the input norm's projection), RoPE not interleaved, a latent rank of 160 (2 latent dims per
+# thread of 4 warps) on 7 SMs (tasks spanning 6 heads, 3 blocks of keys per chunk). With FP8
+# weights: the tiny spec, and the wide one (kv_b of 8 block rows and 2 block columns, one
+# partial); with a v_head_dim of 24 (heads of 40 kv_b rows: W_uk's rows cross a block row at
+# 8-column steps, one scale per 8 columns) on 5 SMs.
 STEPS = [
-    ({}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True, "groups": 1}),
-    ({}, small("h200-5", 5), 200, {"heads_per_task": 2, "key_blocks": 2, "empty_chunks": False,
-                                    "groups": 1}),
-    ({"num_attention_heads": 32, "num_key_value_heads": 32, "q_lora_rank": None,
-      "rope_interleave": False, "kv_lora_rank": 160}, small("h200-7", 7), 200,
-     {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}),
+    ("bf16", {}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True,
+                              "groups": 1}),
+    ("bf16", {}, small("h200-5", 5), 200, {"heads_per_task": 2, "key_blocks": 2,
+                                            "empty_chunks": False, "groups": 1}),
+    ("bf16", WIDE, small("h200-7", 7), 200, {"heads_per_task": 6, "key_blocks": 3,
+                                             "empty_chunks": False, "groups": 2}),
+    ("fp8", {}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True,
+                             "groups": 1}),
+    ("fp8", WIDE, small("h200-7", 7), 200, {"heads_per_task": 6, "key_blocks": 3,
+                                            "empty_chunks": False, "groups": 2}),
+    ("fp8", {"num_attention_heads": 8, "num_key_value_heads": 8, "v_head_dim": 24},
+     small("h200-5", 5), 100, {"heads_per_task": 3, "key_blocks": 1, "empty_chunks": False,
+                               "groups": 1}),
 ]
 
 
@@ -286,17 +348,17 @@ def rank_buffers(m: dict[str, Any], d: Path) -> dict[str, torch.Tensor]:
     return {name: buffer_values(arena[b["arena"]], b) for name, b in m["buffers"].items()}
 
 
-@pytest.mark.parametrize("overrides, target, prefill, covers", STEPS)
-def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, overrides: dict,
+@pytest.mark.parametrize("dtype, overrides, target, prefill, covers", STEPS)
+def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str, overrides: dict,
                                                      target: Any, prefill: int,
                                                      covers: dict[str, object]) -> None:
     """One decode step of decode.cuh's own code (embed, the norm_matvec / head_matvec /
     mla_attention / matvec_add tasks of every layer, lm_head and the greedy sampler) from the
     task table, packed weights and arenas, against the interpreter (bf16 cache like the
-    kernel's) on random weights and tokens: per layer the latent queries, the attention's
-    latent output, the expanded heads and the residual stream, the appended cache row, and
-    the logits and token."""
-    spec = mla_tiny(**overrides)
+    kernel's) on random weights (bf16, or FP8 with their block scales) and tokens: per layer
+    the latent queries, the attention's latent output, the expanded heads and the residual
+    stream, the appended cache row, and the logits and token."""
+    spec = with_weight_dtype(mla_tiny(**overrides), dtype)
     program, got_tok, bufs, env, m = random_host_step(tmp_path, spec, target, prefill)
     assert coverage(program, prefill) == covers
     assert_step_matches(bufs, env, got_tok, spec.num_layers,

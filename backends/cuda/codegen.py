@@ -44,6 +44,7 @@ def check_supported(program: Program) -> None:
             )
         _check_moe(op)
         _check_mla(op)
+        _check_fp8_scales(program, op)
     _check_dsa(program)
 
 
@@ -76,6 +77,23 @@ def _tp(program: Program) -> dict[str, object]:
     lm = next(op for op in program.graph.ops() if op.attrs.get("epilogue") == "argmax")
     return {"TP": program.tp, "TP_VOCAB_ROWS": lm.attrs["rows"],
             "TP_STOP_AT": program.buffers["sample_exchange"].offset + SAMPLE_EXCHANGE_FLOATS - 1}
+
+
+def _check_fp8_scales(program: Program, op) -> None:
+    """The FP8 dot product finds a scale by a shift of the 4-column group's index: a scale
+    must cover a whole number of groups, a power of two of them (MLA's q absorption rows have
+    one scale per gcd(128, nope + v) columns: ir/mla.py: derived_scale_cols)."""
+    from tilertc.passes.tiling import scale_cols
+
+    if op.opcode != "head_matvec":
+        return
+    w = program.graph.tensors[op.inputs[1]]
+    cols = scale_cols(w) if "scale_inv" in w.attrs else 4
+    if cols % 4 or (cols // 4) & (cols // 4 - 1):
+        raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: FP8 rows with one "
+                            f"scale per {cols} columns (the dot product reads 4 columns, a "
+                            "power of two of groups, per scale; kv_b heads of "
+                            f"{op.attrs['qk_nope_head_dim'] + op.attrs['v_head_dim']} rows)")
 
 
 def _check_mla(op) -> None:

@@ -44,6 +44,9 @@ enum Field : int {
   F_HEAD_ROWS,
   F_APPEND,         // 1: this task also normalizes, rotates and appends the step's latent cache row
 #endif
+#if MLA && WEIGHT_FP8
+  F_SCALE_SHIFT,    // log2 of the 4-column groups per scale of its rows (q absorption's: fewer than a block's)
+#endif
 #if DSA  // a dsa_score task's key LayerNorm bias (its weight: F_AUX3)
   F_NORM_BIAS,
 #endif
@@ -308,7 +311,11 @@ __device__ __forceinline__ bool acquire(const Params& p, int counter, unsigned t
 // A routed task's row is made of pieces: one per slot (the slot's expert's row), and in a down
 // task of a model with a shared expert (MOE_SHARED_K) a last one, the shared expert's row.
 constexpr int MOE_PIECES = MOE_TOP_K + (MOE_SHARED_K > 0);
+#if WEIGHT_FP8  // its FP8 row (ir/fp8.py: packed_row_bytes): values, its own scales, padding
+constexpr int MOE_SHARED_BYTES = (MOE_SHARED_K + 4 * ((MOE_SHARED_K + FP8_BLOCK_COLS - 1) / FP8_BLOCK_COLS) + 15) / 16 * 16;
+#else
 constexpr int MOE_SHARED_BYTES = MOE_SHARED_K * 2;  // bf16
+#endif
 
 // A routed task's weights are known only once the router of this step has run: the loader
 // acquires the router's counter (as compute's waits do), reads the ids of the task's slots and
@@ -1099,21 +1106,27 @@ __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int
 
 #if WEIGHT_FP8
 // FP8 rows (ir/fp8.py: packed_row_bytes): k e4m3 bytes, then one fp32 scale per FP8_BLOCK_COLS
-// columns (the row's block row of weight_scale_inv), padded to 16 bytes.
-static_assert(FP8_BLOCK_COLS % 4 == 0, "a lane's 4 columns must lie in one scale block");
+// columns (the row's block row of weight_scale_inv; a q absorption row's: per fewer columns),
+// padded to 16 bytes.
+static_assert(FP8_BLOCK_COLS % 4 == 0 && ((FP8_BLOCK_COLS / 4) & (FP8_BLOCK_COLS / 4 - 1)) == 0,
+              "a lane's 4 columns must lie in one scale block, found by a shift");
+constexpr int log2_exact(int n) { return n > 1 ? 1 + log2_exact(n / 2) : 0; }
 
 // An FP8 row of k columns: a group is 4 e4m3 weights (4 bytes) and the scale of their block.
 // The pairs convert to f16x2 in one instruction, exactly (every e4m3 value is an f16 value); the
-// block scale multiplies the 4-term sum, not each weight. A warp's lanes read at most two scales.
+// block scale multiplies the 4-term sum, not each weight. A warp's lanes read at most two block scales.
 struct Fp8Row {
-  static constexpr int GROUPS_PER_BLOCK = FP8_BLOCK_COLS / 4;
+  // log2 of the 4-column groups one scale covers: FP8_BLOCK_COLS / 4 (a power of two), or fewer
+  // in a row derived from a checkpoint weight (scale_shift)
+  static constexpr int BLOCK_SHIFT = log2_exact(FP8_BLOCK_COLS / 4);
   struct Group {
     uint32_t q;
     float scale;
   };
   const uint32_t* w;
   const float* scale;
-  __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i / GROUPS_PER_BLOCK]}; }
+  int scale_shift;
+  __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i >> scale_shift]}; }
   __device__ __forceinline__ static float dot(const Group g, const float4 a, float acc) {
     const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
         static_cast<__nv_fp8x2_storage_t>(g.q & 0xffffu), __NV_E4M3)));
@@ -1127,22 +1140,27 @@ struct Fp8Row {
   }
 };
 
-// dot_segment for an FP8 row of k columns: the same 8-column groups [begin, end).
+// dot_segment for an FP8 row of k columns: the same 8-column groups [begin, end). Its scales
+// cover FP8_BLOCK_COLS columns each, or 4 << scale_shift (MLA's q absorption, whose rows run
+// down kv_b's blocks: ir/mla.py: derived_scale_cols).
 __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, const float* x, int begin, int end,
-                                                 int lane) {
-  return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k)},
+                                                 int lane, int scale_shift = Fp8Row::BLOCK_SHIFT) {
+  return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k),
+                           scale_shift},
                     x, begin, end, lane);
 }
 
 // An FP8 routed down row (MoE): one piece per slot (a row of that slot's expert: its values, then
-// its own scales), k8 / pieces groups of 8 columns each; [begin, end) counts groups over the row.
-__device__ float dot_segment_fp8_pieces(const uint8_t* row, int pieces, int piece_bytes, int k8, const float* x,
-                                        int begin, int end, int lane) {
-  const int pk8 = k8 / pieces;
+// its own scales) of piece_bytes, then shared_k8 > 0: the shared expert's piece (its values and
+// scales) with shared_k8 groups of 8 columns; [begin, end) counts groups over the row's k8.
+__device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece_bytes, int k8, int shared_k8,
+                                        const float* x, int begin, int end, int lane) {
+  const int pk8 = (k8 - shared_k8) / slots;
   float y = 0.f;
-  for (int j = 0; j < pieces; ++j) {
-    const int lo = max(begin, j * pk8), hi = min(end, (j + 1) * pk8);
-    if (lo < hi) y += dot_segment_fp8(row + j * piece_bytes, 8 * pk8, x + 8 * j * pk8, lo - j * pk8, hi - j * pk8, lane);
+  for (int j = 0; j <= slots; ++j) {  // piece `slots`: the shared expert's (empty without one)
+    const int p0 = j * pk8, p1 = j < slots ? p0 + pk8 : k8;
+    const int lo = max(begin, p0), hi = min(end, p1);
+    if (lo < hi) y += dot_segment_fp8(row + j * piece_bytes, 8 * (p1 - p0), x + 8 * p0, lo - p0, hi - p0, lane);
   }
   return y;
 }
@@ -1199,6 +1217,11 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
                                              int gw) {
 #if WEIGHT_FP8
   const bool fp8 = t[F_W_FORMAT] == WF_FP8;
+#if MLA  // a head_matvec's rows may have finer scales (F_SCALE_SHIFT)
+  const int scale_shift = t[F_OPCODE] == OP_HEAD_MATVEC ? t[F_SCALE_SHIFT] : Fp8Row::BLOCK_SHIFT;
+#else
+  constexpr int scale_shift = Fp8Row::BLOCK_SHIFT;
+#endif
 #endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
@@ -1217,13 +1240,16 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
       const float* x = s.vec;
 #endif
       for (int h = 0; h < halves; ++h) {
-#if WEIGHT_FP8 && MOE  // a routed down row's pieces each carry their own scales
+#if WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
         const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
                         : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], rb / t[F_SLOTS], k8, x, begin, end, lane)
-                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane);
+                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                     MOE_SHARED_K / 8, x, begin, end, lane)
+                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift);
 #elif WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
-        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane)
+        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift)
                             : dot_segment(w + h * k8, x, begin, end, lane);
 #else
         const float y = dot_segment(w + h * k8, x, begin, end, lane);

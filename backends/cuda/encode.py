@@ -2,11 +2,11 @@
 
 The field order is the `Field` enum of decode.cuh; this module and that enum change together.
 A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
-shared expert), an MLA model's the `MLA_FIELDS`, a DSA model's then the `DSA_FIELDS` (decode.cuh
-declares them under `#if MOE`, `#if MOE_SHARED_K`, `#if MLA` and `#if DSA`), a kernel with a
-split-K FFN's the `FFN_FIELDS` (`#if FFN_SPLIT_K`), so that a dense model's table and kernel
-are what they were without them. Under tensor parallelism the `TP_FIELDS` come last
-(`#if TP > 1`).
+shared expert), an MLA model's the `MLA_FIELDS` (and with FP8 weights the `MLA_FP8_FIELDS`), a
+DSA model's then the `DSA_FIELDS` (decode.cuh declares them under `#if MOE`, `#if MOE_SHARED_K`,
+`#if MLA`, `#if MLA && WEIGHT_FP8` and `#if DSA`), a kernel with a split-K FFN's the
+`FFN_FIELDS` (`#if FFN_SPLIT_K`), so that a dense model's table and kernel are what they were
+without them. Under tensor parallelism the `TP_FIELDS` come last (`#if TP > 1`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.packing import expert_weights
 from tilertc.passes.program import Program, ScheduleError, Task
+from tilertc.passes.tiling import scale_cols
 
 OPCODES = {"embed": 0, "norm_matvec": 1, "matvec_add": 2, "attention": 3, "argmax": 4,
            "moe_topk": 5, "moe_gate_up": 6, "moe_down_add": 7, "head_matvec": 8,
@@ -33,6 +34,9 @@ SHARED_FIELDS = ("shared_in", "shared_lo", "shared_hi")
 # `in_stride` apart; the task with `append` set also runs MLA's latent prologue and appends the
 # step's row to the latent cache.
 MLA_FIELDS = ("in_stride", "head_rows", "append")
+# An FP8 head_matvec's rows have one scale per 4 << `scale_shift` columns (q absorption's may
+# be fewer than a block's: passes/tiling.py: scale_cols).
+MLA_FP8_FIELDS = ("scale_shift",)
 # A dsa_score task's key LayerNorm bias (its weight is at `aux3`).
 DSA_FIELDS = ("norm_bias",)
 # A kernel with a split-K FFN, whose output is a fixed-point buffer (fx64): whether a task's input
@@ -99,14 +103,16 @@ def _offset(program: Program, tensor: str) -> int:
 def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
-    the MLA ones when there is MLA attention, the DSA ones with an indexer, the FFN ones with
-    a split-K FFN)."""
+    the MLA ones when there is MLA attention (and with FP8 weights the MLA FP8 ones), the DSA
+    ones with an indexer, the FFN ones with a split-K FFN, the TP ones under tp > 1)."""
     ops = program.graph.ops()
     opcodes = {op.opcode for op in ops}
     shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
+    mla = "mla_attention" in opcodes
+    fp8 = program.spec.weight_format.is_fp8
     return (FIELDS + (MOE_FIELDS if "moe_topk" in opcodes else ())
             + (SHARED_FIELDS if shared else ())
-            + (MLA_FIELDS if "mla_attention" in opcodes else ())
+            + (MLA_FIELDS if mla else ()) + (MLA_FP8_FIELDS if mla and fp8 else ())
             + (DSA_FIELDS if "dsa_score" in opcodes else ())
             + (FFN_FIELDS if "ffn_split_k" in opcodes else ())
             + (TP_FIELDS if program.tp > 1 else ()))
@@ -147,8 +153,11 @@ def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
     """A head_matvec's MLA fields; the task with `append` also gets what the latent prologue
     reads (the kv_a part of the input projection, kv_a_layernorm) and the cache it appends to."""
     a = op.attrs
+    w = program.graph.tensors[op.inputs[1]]
     out = {"in": _view(program, op, "x"), "in_stride": a["in_stride"],
            "head_rows": a["rows_per_head"], "append": 0}
+    if "scale_inv" in w.attrs:
+        out["scale_shift"] = (scale_cols(w) // 4).bit_length() - 1
     if "kv_a" in a["io"] and t.index == 0:  # q absorption's first task: task_semantics_mla
         out.update(append=1, aux=_offset(program, op.inputs[3]), aux2=_view(program, op, "kv_a"),
                    eps=_f32_bits(a["eps"]), kcache=_offset(program, op.outputs[1]))
