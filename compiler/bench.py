@@ -83,6 +83,9 @@ class BenchConfig:
     weight_dtype: str | None = None  # "fp8" / "bf16" for the compile; None: the config's own
     backends: tuple[str, ...] = ("cuda",)  # one kernel per backend; the first is "tilertc"
     artifacts: tuple[Path, ...] = ()  # prebuilt kernels of the same model, timed as well
+    # Config keys replaced before the spec is read (`load_spec`'s overrides): a variant of the
+    # model, such as the few-layer ones `tilertc bench --per-layer` times.
+    overrides: tuple[tuple[str, Any], ...] = ()
     command: str = ""
 
 
@@ -189,12 +192,13 @@ def check_model(config: BenchConfig) -> Path | ModelSpec:
                              f"{capacity}: recompile with --max-seq-len {capacity}")
         if m["options"]["tp"] != config.tp:
             raise BenchError(f"{src} was compiled for tp={m['options']['tp']}, not {config.tp}")
-        if config.tuning or config.backends != ("cuda",) or config.weight_dtype:
-            raise BenchError("tuning knobs, backends and weight dtypes apply to a compile; an "
-                             "artifact directory keeps what it was built with (add more with "
-                             "--artifact)")
+        if (config.tuning or config.backends != ("cuda",) or config.weight_dtype
+                or config.overrides):
+            raise BenchError("tuning knobs, backends, weight dtypes and config overrides apply "
+                             "to a compile; an artifact directory keeps what it was built with "
+                             "(add more with --artifact)")
         return src
-    spec = with_weight_dtype(load_spec(config.model), config.weight_dtype)
+    spec = with_weight_dtype(load_spec(config.model, dict(config.overrides)), config.weight_dtype)
     if capacity > spec.max_position_embeddings:
         raise BenchError(f"the points need {capacity} positions, more than {spec.name}'s "
                          f"max_position_embeddings {spec.max_position_embeddings}")

@@ -310,20 +310,33 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
               file_okay=False), help="Also time this prebuilt artifact of the same model "
               "(e.g. a TileLang build from a machine with TileLang; repeatable).")
 @WEIGHT_DTYPE
+@click.option("--per-layer", is_flag=True,
+              help="Time one full-width layer of each kind (dense, MoE) by difference of a "
+                   "1-layer and a (1 + N)-layer variant, against its bytes, and project the "
+                   "whole model on 8 GPUs (a projection, not a measurement).")
+@click.option("--layers-timed", type=click.IntRange(min=1), default=None,
+              help="--per-layer: N [default: 4, or fewer where 1 + N layers do not fit].")
+@click.option("--allreduce-us", type=click.FloatRange(min=0), default=None,
+              help="--per-layer: assumed latency of one all-reduce on 8 GPUs in the projection "
+                   "[default: 10, see docs/performance.md].")
 @click.option("--device", default="cuda:0", show_default=True)
 def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
                   tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
                   tune: tuple[str, ...], backends: str, artifacts: tuple[str, ...],
-                  weight_dtype: str | None, device: str) -> None:
+                  weight_dtype: str | None, per_layer: bool, layers_timed: int | None,
+                  allreduce_us: float | None, device: str) -> None:
     """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
     graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
 
     MODEL is a built-in name, a config.json (or a directory holding one), or an artifact
     directory. A correctness gate runs first; if the kernel does not compute the model, no
     numbers are reported. Results: a table per point, bench.json and bench.png in --out.
+    With --per-layer: a table of one layer per kind and the projection, and bench.json.
     """
     import sys
     from pathlib import Path
+
+    from click.core import ParameterSource
 
     from tilertc.artifact import ArtifactError
     from tilertc.bench import (
@@ -340,6 +353,11 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
         chosen = parse_systems(systems)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--systems") from None
+    if per_layer and click.get_current_context().get_parameter_source(
+            "systems") is ParameterSource.DEFAULT:
+        chosen = ("tilertc",)  # the baselines do not run the variants
+    if not per_layer and (layers_timed is not None or allreduce_us is not None):
+        raise click.UsageError("--layers-timed and --allreduce-us go with --per-layer")
     try:
         tuning = parse_tuning(tune)
     except ValueError as e:
@@ -360,8 +378,15 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
         console = Console(width=160)
     try:
         with stage_phases(Console(stderr=True)) as phase:
-            report, prof = run_bench(config, phase)
-        written = finish(report, prof, config.out, console)
+            if per_layer:
+                from tilertc.bench_layers import ALLREDUCE_US, finish_per_layer, run_per_layer
+
+                layers = run_per_layer(config, layers_timed, ALLREDUCE_US if allreduce_us is None
+                                       else allreduce_us, phase)
+            else:
+                report, prof = run_bench(config, phase)
+        written = (finish_per_layer(layers, config.out, console) if per_layer
+                   else finish(report, prof, config.out, console))
     except (SpecError, ArtifactError, ValueError, RuntimeError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     console.print("wrote " + ", ".join(str(p) for p in written), highlight=False)

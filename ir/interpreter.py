@@ -35,12 +35,17 @@ class Step:
 
 Semantics = Callable[[Op, list[torch.Tensor], Step], list[torch.Tensor]]
 SEMANTICS: dict[str, Semantics] = {}
+# Opcodes whose semantics get their weights in the weights' own dtype and widen only those they
+# use (a MoE layer's chosen experts), rather than every weight input widened before the call.
+OWN_WIDENING: set[str] = set()
 
 
-def semantics(*opcodes: str) -> Callable[[Semantics], Semantics]:
+def semantics(*opcodes: str, own_widening: bool = False) -> Callable[[Semantics], Semantics]:
     def register(fn: Semantics) -> Semantics:
         for name in opcodes:
             SEMANTICS[name] = fn
+            if own_widening:
+                OWN_WIDENING.add(name)
         return fn
 
     return register
@@ -224,7 +229,8 @@ class Interpreter:
         env["pos"] = step.positions
         env.update(self.state)
         for op in self.graph.ops():
-            ins = [env[i].to(self.dtype) if i in self.params else env[i]
+            widen = op.opcode not in OWN_WIDENING
+            ins = [env[i].to(self.dtype) if widen and i in self.params else env[i]
                    for i in op.inputs if i not in self.scales]
             outs = SEMANTICS[op.opcode](op, ins, step)
             env.update(zip(op.outputs, outs, strict=True))

@@ -98,14 +98,16 @@ def _moe_router(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tenso
     return list(route(logits, bias, op.attrs))
 
 
-@semantics("moe_experts")
+@semantics("moe_experts", own_widening=True)
 def _moe_experts(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]:
+    # The experts' weights come as stored and only the chosen ones are widened, one expert at a
+    # time: all of a full-size layer's at once would be ~45 GB of fp32 on the GPU.
     x, ids = ins[0], ins[1]
     w = ins[2].to(x.dtype)
     per_expert = len(EXPERT_PROJECTIONS)
     out = torch.zeros_like(x)
     for e in ids.unique().tolist():
-        gate, up, down = ins[3 + per_expert * e: 3 + per_expert * (e + 1)]
+        gate, up, down = (p.to(x.dtype) for p in ins[3 + per_expert * e: 3 + per_expert * (e + 1)])
         rows, slots = (ids == e).nonzero(as_tuple=True)
         xe = x[rows]
         y = F.linear(F.silu(F.linear(xe, gate)) * F.linear(xe, up), down)

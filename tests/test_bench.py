@@ -382,8 +382,11 @@ def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
     # an artifact directory as MODEL keeps its backend and weight format
     with pytest.raises(BenchError, match="add more with --artifact"):
         check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path, backends=("tilelang",)))
-    with pytest.raises(BenchError, match="weight dtypes apply to a compile"):
+    with pytest.raises(BenchError, match="weight dtypes and config overrides apply to a"):
         check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path, weight_dtype="fp8"))
+    with pytest.raises(BenchError, match="config overrides apply to a compile"):
+        check_model(BenchConfig(str(main_dir), ((64, 32),), tmp_path,
+                                overrides=(("num_hidden_layers", 1),)))
 
 
 def test_fp8_weights_are_compiled_for_the_bench(tmp_path: Path) -> None:
@@ -392,6 +395,13 @@ def test_fp8_weights_are_compiled_for_the_bench(tmp_path: Path) -> None:
     assert spec.weight_format.is_fp8
     ((_, _, m),) = resolve_artifacts(spec, config, quiet_phase)
     assert m["options"]["weight_dtype"] == "fp8" and m["kernel"]["constants"]["WEIGHT_FP8"] == 1
+
+
+def test_config_overrides_make_a_variant_of_the_model() -> None:
+    config = BenchConfig("llama-tiny", ((64, 32),), Path("unused"),
+                         overrides=(("num_hidden_layers", 1), ("vocab_size", 100)))
+    spec = check_model(config)
+    assert (spec.num_layers, spec.vocab_size) == (1, 100)
 
 
 def test_check_model_refuses_a_context_beyond_the_model() -> None:

@@ -203,3 +203,30 @@ def test_fresh_interpreter_shares_the_weights_and_starts_from_an_empty_cache():
     again = first.fresh()
     want = interpreter.Interpreter(graph, weights).run(tokens, torch.arange(5))["logits"]
     assert torch.equal(again.run(tokens, torch.arange(5))["logits"], want)
+
+
+def test_moe_experts_get_their_weights_as_stored(monkeypatch):
+    """The interpreter hands `moe_experts` its expert weights in their own dtype (the op widens
+    the chosen ones itself: a full-size layer's experts widened at once would not fit beside the
+    kernel's), and the logits are those of every weight widened before the op."""
+    from tilertc.ir.weights import random_weights
+
+    spec = load_spec("qwen3-moe-tiny")
+    graph = build_graph(spec, 32)
+    weights = random_weights(graph, seed=5)
+    tokens = torch.randint(0, spec.vocab_size, (6,), generator=torch.Generator().manual_seed(6))
+    seen: list[torch.dtype] = []
+    experts = interpreter.SEMANTICS["moe_experts"]
+
+    def spy(op, ins, step):
+        seen.extend(t.dtype for t in ins[3:])
+        return experts(op, ins, step)
+
+    monkeypatch.setitem(interpreter.SEMANTICS, "moe_experts", spy)
+    got = interpreter.Interpreter(graph, weights).run(tokens, torch.arange(6))["logits"]
+    assert seen and set(seen) == {torch.bfloat16}
+    monkeypatch.setattr(interpreter, "OWN_WIDENING", set())  # widen before the op, as others
+    seen.clear()
+    want = interpreter.Interpreter(graph, weights).run(tokens, torch.arange(6))["logits"]
+    assert set(seen) == {torch.float32}
+    assert torch.equal(got, want)
