@@ -153,24 +153,21 @@ def variant_spec(config: BenchConfig, spec: ModelSpec, kind: str, layers: int,
 
 
 def device_weight_bytes(spec: ModelSpec, max_seq_len: int) -> int:
-    """GPU memory the bench's weights take at most: the engine's packed copy (the weights as
-    stored), the interpreter's (its own dtype, FP8 dequantized to fp32: `Interpreter.
-    weight_value`), and the largest op's weights widened to fp32 while it runs (`Interpreter.
+    """GPU memory the bench's weights take at most: the engine's packed copy and the
+    interpreter's (both the weights as stored, FP8 with its scales: `Interpreter.
+    stored_weight`), and the largest op's weights widened to fp32 while it runs (`Interpreter.
     run`; a MoE layer's experts are widened one at a time, `OWN_WIDENING`, and not counted)."""
     from tilertc.ir.interpreter import OWN_WIDENING
 
     graph = build_graph(spec, max_seq_len)
     weights = {t.name: t for t in graph.weights()}
     scales = {t.attrs["scale_inv"] for t in weights.values() if "scale_inv" in t.attrs}
-    resident = {name: 4 * t.numel if "scale_inv" in t.attrs else t.nbytes
-                for name, t in weights.items() if name not in scales}
-    # Widened per op: the interpreter's bf16 weights (its fp32 ones, FP8 included, are used as
-    # they are).
+    # Widened per op: every weight not already fp32 (FP8 ones dequantized).
     widened = {name: 4 * t.numel for name, t in weights.items()
-               if name in resident and t.dtype != "fp32" and "scale_inv" not in t.attrs}
+               if name not in scales and t.dtype != "fp32"}
     largest_op = max((sum(widened.get(i, 0) for i in op.inputs) for op in graph.ops()
                       if op.opcode not in OWN_WIDENING), default=0)
-    return sum(t.nbytes for t in weights.values()) + sum(resident.values()) + largest_op
+    return 2 * sum(t.nbytes for t in weights.values()) + largest_op
 
 
 def layers_to_time(need: Callable[[int], int], budget: float, wanted: int | None,

@@ -179,6 +179,19 @@ def checked_weight(t: Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
     return w
 
 
+@dataclass(frozen=True)
+class BlockScaled:
+    """An FP8 weight as stored (e4m3) with its block scales, dequantized (exactly, in float32)
+    only when an op widens it: on the device it takes 1 byte per value, not 4."""
+
+    weight: torch.Tensor
+    scale_inv: torch.Tensor
+    block: tuple[int, int]
+
+    def to(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.weight, self.scale_inv, self.block).to(dtype)
+
+
 class Interpreter:
     """Runs a graph step by step with weights given by Hugging Face name."""
 
@@ -187,15 +200,15 @@ class Interpreter:
                  cache_dtype: torch.dtype | None = None) -> None:
         _load_semantics()
         self.graph, self.device, self.dtype = graph, torch.device(device), dtype
-        self.params: dict[str, torch.Tensor] = {}
-        # Block scales of FP8 weights: folded into their weight here, so no op sees them.
+        self.params: dict[str, torch.Tensor | BlockScaled] = {}
+        # Block scales of FP8 weights: kept with their weight (BlockScaled), so no op sees them.
         self.scales = {t.attrs["scale_inv"] for t in graph.weights() if "scale_inv" in t.attrs}
         # Weights stay in their own dtype on the device and are widened one op at a time (an
-        # exact conversion): a 30B model's bf16 weights fit beside the kernel's packed copy, an
-        # fp32 copy of all of them would not.
+        # exact conversion; FP8 ones dequantized): a 30B model's bf16 or FP8 weights fit beside
+        # the kernel's packed copy, an fp32 copy of all of them would not.
         for t in graph.weights():
             if t.name not in self.scales:
-                self.params[t.name] = self.weight_value(t, weights).to(self.device)
+                self.params[t.name] = self.stored_weight(t, weights)
         self.state = self._empty_state(cache_dtype)
         unknown = sorted({op.opcode for op in graph.ops()} - SEMANTICS.keys())
         if unknown:
@@ -213,13 +226,19 @@ class Interpreter:
         other.state = self._empty_state(cache_dtype)
         return other
 
-    def weight_value(self, t: Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Weight `t` as the model means it: FP8 weights dequantized with their block scales."""
-        w = checked_weight(t, weights)
+    def stored_weight(self, t: Tensor, weights: dict[str, torch.Tensor]
+                      ) -> torch.Tensor | BlockScaled:
+        """Weight `t` on the device as stored: an FP8 weight with its block scales."""
+        w = checked_weight(t, weights).to(self.device)
         if "scale_inv" not in t.attrs:
             return w
         scale = checked_weight(self.graph.tensors[t.attrs["scale_inv"]], weights)
-        return dequantize(w, scale, tuple(t.attrs["block"]))
+        return BlockScaled(w, scale.to(self.device), tuple(t.attrs["block"]))
+
+    def weight(self, name: str) -> torch.Tensor:
+        """Weight tensor `name` as the model means it, in the interpreter's dtype (FP8 weights
+        dequantized with their block scales)."""
+        return self.params[name].to(self.dtype)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
         """Run the graph over tokens [T] at positions [T]; returns every tensor computed."""

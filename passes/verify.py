@@ -694,7 +694,7 @@ class TaskContext:
         m.adds[buffer][lo:hi] += 1
 
     def weight(self, name: str) -> torch.Tensor:
-        return self.interp.params[name].to(self.interp.dtype)
+        return self.interp.weight(name)
 
     def source(self, name: str) -> Op:
         return self.sources[name]

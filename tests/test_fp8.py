@@ -142,3 +142,23 @@ def test_deepseek_v32_fp8_reads_about_half_the_bytes_of_bf16():
 def test_unsupported_quantization_configs_are_named(quant, field, says):
     with pytest.raises(SpecError, match=f"field '{field}'.*{says}"):
         load_spec("llama-tiny", {"quantization_config": quant})
+
+
+def test_interpreter_keeps_fp8_weights_as_stored_and_dequantizes_them_per_op() -> None:
+    """The interpreter holds an FP8 weight as its e4m3 values and block scales (1 byte a value
+    on the device) and dequantizes it when an op reads it: `weight()` is the dequantized
+    checkpoint, exactly."""
+    from tilertc.ir.interpreter import BlockScaled, Interpreter
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    graph = build_graph(with_weight_dtype(load_spec("llama-tiny"), "fp8"), 32)
+    weights = random_weights(graph, seed=5)
+    interp = Interpreter(graph, weights)
+    fp8 = [t for t in graph.weights() if "scale_inv" in t.attrs]
+    assert fp8
+    for t in fp8:
+        stored = interp.params[t.name]
+        assert isinstance(stored, BlockScaled) and stored.weight.dtype == torch.float8_e4m3fn
+        scale = weights[graph.tensors[t.attrs["scale_inv"]].hf_name]
+        want = dequantize(weights[t.hf_name], scale, tuple(t.attrs["block"]))
+        assert torch.equal(interp.weight(t.name), want)

@@ -187,7 +187,7 @@ def test_packed_fp8_rows_dequantize_to_the_interpreters_weights(odd_fp8: Path) -
         assert len(rows) * per_row == (t[f["row1"]] - t[f["row0"]]) * t[f["row_bytes"]]
         for i, (name, r) in enumerate(rows):
             got = packed[offset + i * per_row: offset + (i + 1) * per_row]
-            want = interp.params[by_hf[name]][r].float()
+            want = interp.weight(by_hf[name])[r].float()
             k = want.numel()
             if entry["format"] == "bf16":
                 assert per_row == 2 * k

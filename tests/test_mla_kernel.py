@@ -120,7 +120,7 @@ def test_derived_kv_b_rows_are_packed_where_the_tasks_read_them(spec: ModelSpec)
     seen, cols = 0, set()
     for op in (o for o in program.graph.ops() if o.opcode == "head_matvec"):
         a = op.attrs
-        w_uk, w_uv = kv_b_per_head(interp.params[f"layers.{op.layer}.self_attn.kv_b_proj"], a)
+        w_uk, w_uv = kv_b_per_head(interp.weight(f"layers.{op.layer}.self_attn.kv_b_proj"), a)
         rows = (w_uk.transpose(1, 2) if "kv_a" in a["io"] else w_uv).reshape(a["rows"], a["K"])
         for t in (t for t in program.tasks if t.op == op.name):
             row = encode.encode_task(program, t)
