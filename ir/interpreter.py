@@ -241,16 +241,20 @@ class Interpreter:
         return self.params[name].to(self.dtype)
 
     def run(self, tokens: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Run the graph over tokens [T] at positions [T]; returns every tensor computed."""
+        """Run the graph over tokens [T] at positions [T]; returns every tensor computed (and
+        the caches), not the weights."""
         step = Step(positions.to(self.device), self.state, self.dtype)
-        env: dict[str, Any] = dict(self.params)
-        env["token"] = tokens.to(self.device)
-        env["pos"] = step.positions
-        env.update(self.state)
+        env: dict[str, Any] = {"token": tokens.to(self.device), "pos": step.positions,
+                               **self.state}
+
+        def value(name: str, widen: bool) -> Any:
+            if name not in self.params:
+                return env[name]
+            return self.params[name].to(self.dtype) if widen else self.params[name]
+
         for op in self.graph.ops():
             widen = op.opcode not in OWN_WIDENING
-            ins = [env[i].to(self.dtype) if widen and i in self.params else env[i]
-                   for i in op.inputs if i not in self.scales]
+            ins = [value(i, widen) for i in op.inputs if i not in self.scales]
             outs = SEMANTICS[op.opcode](op, ins, step)
             env.update(zip(op.outputs, outs, strict=True))
         return env

@@ -1208,6 +1208,23 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
   }
 }
 
+// A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader
+// deals a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its
+// first row r of n) and released; `consumed` counts the task's pages, every group's.
+template <class Rows, class Body>
+__device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows rows, Rows per_page, int group,
+                                              uint32_t& consumed, Body body) {
+  uint32_t page_index = consumed;
+  for (Rows r = 0; r < rows; r += per_page, ++page_index) {
+    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
+    const int slot = page_index % RING_PAGES;
+    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
+    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));
+    release_page(s, slot);
+  }
+  consumed = page_index;
+}
+
 // The row sums of a matrix-vector task's `rows` rows (`halves` sums per row: gate/up pairs) from
 // its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
 // caller derives the thread's lane, page group and warp in the group first thing in the task (in
@@ -1225,13 +1242,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
-  uint32_t page_index = consumed;
-  for (int r = 0; r < rows; r += rpp, ++page_index) {
-    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
-    const int slot = page_index % RING_PAGES;
-    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
-    const uint8_t* page = s.ring + slot * PAGE_BYTES;
-    const int n = min(rpp, rows - r);
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
     for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
 #if MLA
@@ -1260,9 +1271,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
         }
       }
     }
-    release_page(s, slot);
-  }
-  consumed = page_index;
+  });
 }
 
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
@@ -1530,19 +1539,12 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   }
   // The past keys, page by page as the loader streams them (pages are dealt to the page groups
   // as a matrix-vector task's are), then this step's key.
-  uint32_t page_index = consumed;
   const KvChunk ch = kv_chunk(t, pos);
-  for (long long r = 0; r < ch.past; r += KV_KEYS_PER_PAGE, ++page_index) {
-    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
-    const int slot = page_index % RING_PAGES;
-    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
-    const uint8_t* page = s.ring + slot * PAGE_BYTES;
-    attend(q, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES,
-           static_cast<int>(min(static_cast<long long>(KV_KEYS_PER_PAGE), ch.past - r)), gw, GROUP_WARPS, sub, kw,
-           scale, acc, m, l);
-    release_page(s, slot);
-  }
-  consumed = page_index;
+  for_each_page(p, s, ch.past, static_cast<long long>(KV_KEYS_PER_PAGE), group, consumed,
+                [&](const uint8_t* page, long long, long long n) {
+                  attend(q, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, static_cast<int>(n), gw, GROUP_WARPS, sub,
+                         kw, scale, acc, m, l);
+                });
   if (last_chunk) attend(q, cur, cur + KV_ROW_BYTES, 1, warp, COMPUTE_WARPS, sub, kw, scale, acc, m, l);
   // Merge the warp's keys (lanes with the same dims), then the warps: the chunk's max per head,
   // then rescaled sums accumulated in shared memory by the lanes of the warp's first key.
@@ -2201,13 +2203,7 @@ __device__ void split_k_down(const Params& p, Shared& s, const int* t, uint32_t&
   const int per_warp = 32 / lanes, step_rows = GROUP_WARPS * per_warp;
   const float4* h = reinterpret_cast<const float4*>(s.vec);
   long long* out = reinterpret_cast<long long*>(p.act + t[F_OUT]);
-  uint32_t page_index = consumed;
-  for (int r = 0; r < rows; r += rpp, ++page_index) {
-    if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
-    const int slot = page_index % RING_PAGES;
-    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
-    const uint8_t* page = s.ring + slot * PAGE_BYTES;
-    const int n = min(rpp, rows - r);
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
     for (int base = gw * per_warp; base < n; base += step_rows) {  // warp-uniform: shuffles below
       const int rr = base + lane / lanes;
       float y = 0.f;
@@ -2220,9 +2216,7 @@ __device__ void split_k_down(const Params& p, Shared& s, const int* t, uint32_t&
       for (int o = lanes / 2; o > 0; o >>= 1) y += __shfl_xor_sync(0xffffffffu, y, o);
       if (sub == 0 && rr < n) red_add_s64(out + r + rr, to_fixed(y));
     }
-    release_page(s, slot);
-  }
-  consumed = page_index;
+  });
 }
 
 __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
