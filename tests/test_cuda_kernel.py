@@ -97,8 +97,14 @@ def load(name: str) -> tilertc.ModelSpec:
 
 @pytest.fixture(scope="module", params=MODELS)
 def engine(request, tmp_path_factory) -> Engine:
-    spec = load(request.param)
-    out = compile(spec, tmp_path_factory.mktemp(request.param), CompileOptions(max_seq_len=512))
+    return compiled_engine(request.param, tmp_path_factory)
+
+
+def compiled_engine(name: str, tmp_path_factory, **options) -> Engine:
+    """`name` (a built-in spec or one of VARIANTS) compiled with `options` for a 512-token
+    context, loaded with random weights."""
+    out = compile(load(name), tmp_path_factory.mktemp(name),
+                  CompileOptions(max_seq_len=512, **options))
     return Engine.load(out, random_seed=1234)
 
 
@@ -371,9 +377,7 @@ FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwe
 
 @pytest.fixture(scope="module", params=FP8_MODELS)
 def fp8_engine(request, tmp_path_factory) -> Engine:
-    out = compile(load(request.param), tmp_path_factory.mktemp(f"{request.param}-fp8"),
-                  CompileOptions(max_seq_len=512, weight_dtype="fp8"))
-    return Engine.load(out, random_seed=1234)
+    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8")
 
 
 def test_fp8_teacher_forced_logits_match_interpreter(fp8_engine: Engine) -> None:
@@ -441,9 +445,7 @@ SPLIT_K_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b",
 
 @pytest.fixture(scope="module", params=SPLIT_K_MODELS)
 def split_k_engine(request, tmp_path_factory) -> Engine:
-    out = compile(load(request.param), tmp_path_factory.mktemp(f"{request.param}-split-k"),
-                  CompileOptions(max_seq_len=512, ffn_split_k=True))
-    return Engine.load(out, random_seed=1234)
+    return compiled_engine(request.param, tmp_path_factory, ffn_split_k=True)
 
 
 def test_split_k_teacher_forced_logits_match_interpreter(split_k_engine: Engine) -> None:
