@@ -174,7 +174,11 @@ class Sharder:
         for name in op.inputs[3 + local * per_expert:]:
             del self.g.tensors[name]  # other ranks' experts
         op.inputs = (*op.inputs[:3], *keep)
-        a.update(local_experts=[0, local], slots=min(a["top_k"], local))
+        shard = {"local_experts": [0, local], "slots": min(a["top_k"], local)}
+        a.update(shard)
+        # the router writes the shard's view of its choices (task_semantics_moe: local_routes)
+        router = next(p for p in self.g.producers(op.name) if op.inputs[1] in p.outputs)
+        router.attrs.update(shard)
         self.partial.add(op.outputs[0])
 
     def add(self, op: Op) -> None:
