@@ -156,22 +156,16 @@ EXPERT = re.compile(r"(?P<pre>.*\.mlp\.experts\.)(?P<j>\d+)(?P<post>\..*)")
 def shard_weights(m: dict[str, Any], weights: dict[str, torch.Tensor],
                   rank: int) -> dict[str, torch.Tensor]:
     """The weights rank `rank` holds: the manifest's sharded tensors (`tp.shards`: axis and
-    number of parts by checkpoint name) cut to its part, FP8 block scales (`weight_scale_inv`)
-    cut along with their weights' blocks, routed experts renumbered (`tp.experts_per_rank`:
-    the manifest names rank 0's experts; rank r's j-th is the checkpoint's expert
-    r x experts_per_rank + j), every other tensor whole."""
+    number of parts by checkpoint name; an FP8 weight's `weight_scale_inv` is one of them, cut
+    block for block with the weight) cut to its part, routed experts renumbered
+    (`tp.experts_per_rank`: the manifest names rank 0's experts; rank r's j-th is the
+    checkpoint's expert r x experts_per_rank + j), every other tensor whole."""
     out = dict(weights)
     for name, sh in m.get("tp", {}).get("shards", {}).items():
         w, axis = weights[name], sh["axis"]
         cut = [slice(None)] * w.dim()
         cut[axis] = shard_part(w.shape[axis], w.shape[axis] // sh["parts"], rank, ranks(m))
         out[name] = w[tuple(cut)]
-        scale = name + "_scale_inv"
-        if scale in weights:  # the weight's blocks (every cut falls on one: check_weight_format)
-            blocks = weights[scale]
-            cut[axis] = shard_part(blocks.shape[axis], blocks.shape[axis] // sh["parts"], rank,
-                                   ranks(m))
-            out[scale] = blocks[tuple(cut)]
     local = m.get("tp", {}).get("experts_per_rank")
     if local and rank:
         for name in weights:
