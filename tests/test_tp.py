@@ -78,6 +78,24 @@ def test_every_ranks_streams_verify(name: str, tp: int, overrides: dict) -> None
     verify(program(name, tp, **overrides), "structural")
 
 
+@pytest.mark.parametrize("name, overrides, seq, dtype", [
+    ("qwen3-30b-a3b", {}, SEQ, None),
+    ("deepseek-v3.2", {"num_hidden_layers": 4, "first_k_dense_replace": 3}, 4096, None),
+    ("glm-5", {"num_hidden_layers": 4}, 4096, "bf16"),
+    ("glm-5", {"num_hidden_layers": 4}, 4096, "fp8")])
+def test_full_size_moe_schedules_at_tp_8_verify(name: str, overrides: dict, seq: int,
+                                                dtype: str | None) -> None:
+    """The --tp 8 schedules CI compiles: Qwen3-30B-A3B (every layer MoE), DeepSeek-V3.2 as
+    shipped (FP8) and GLM-5 in bf16 and FP8 with 3 dense and 1 MoE layer (MLA, DSA, routed and
+    shared experts): every rank's streams run to completion with the exchanges."""
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    spec = tilertc.load_spec(name, overrides=overrides or None)
+    p = make_program(with_weight_dtype(spec, dtype) if dtype else spec, tp=8, max_seq_len=seq)
+    assert p.config["sharding"]["experts_per_rank"] == spec.moe.num_experts // 8
+    verify(p, "structural")
+
+
 def test_verifier_catches_an_exchange_counter_that_is_not_the_tasks_own() -> None:
     """Two tasks on one exchange counter: it gets 2 x tp arrivals a step, where tp are
     expected."""
