@@ -341,10 +341,6 @@ __device__ bool route_pieces(const Params& p, const Shared& s, const int* t, lon
   return true;
 }
 
-// Whether a routed task's pages are gathered piece by piece (copy_pieces): a down task's rows
-// come from several experts (and the shared one); a gate/up task's are one expert's, contiguous.
-// A macro, not a function: as a function it changed the machine code of kernels without a
-// shared expert.
 #if TP > 1
 // The bytes of a routed row that the loader copies: a down row without the pieces of its slots
 // that hold no expert of this rank (all busy ones come first: route_local).
@@ -358,6 +354,10 @@ __device__ __forceinline__ int loaded_row_bytes(const int* t, const uint8_t* con
 }
 #endif
 
+// Whether a routed task's pages are gathered piece by piece (copy_pieces): a down task's rows
+// come from several experts (and the shared one); a gate/up task's are one expert's, contiguous.
+// A macro, not a function: as a function it changed the machine code of kernels without a
+// shared expert.
 #define GATHERS_PIECES(t) ((t)[F_SLOTS] > 1 || (MOE_SHARED_K && (t)[F_OPCODE] == OP_MOE_DOWN_ADD))
 
 // One page of a routed task with several pieces per row (the MoE down projection: a row is
