@@ -361,3 +361,19 @@ def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
     logits = env["logits"][0]
     assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
     assert got == int(logits.argmax())
+    if spec.moe is not None:
+        check_local_routes(spec, tp, bufs, env)
+
+
+def check_local_routes(spec: Any, tp: int, bufs: dict, env: dict) -> None:
+    """Every MoE layer's slots on every rank: the interpreter's chosen experts that the rank
+    holds, best first, as indices among its own, then -1 (the seeds give ranks with every slot
+    busy and ranks with none: down tasks of the shared piece only, or of nothing)."""
+    local = spec.moe.num_experts // tp
+    for key in (k for k in env if k.endswith("moe.expert_ids")):
+        want = env[key][0].tolist()
+        for r, rank in enumerate(bufs["ranks"]):
+            mine = [e - r * local for e in want if r * local <= e < (r + 1) * local]
+            slots = min(spec.moe.experts_per_token, local)
+            got = rank[key].view(torch.int32)[:slots].tolist()
+            assert got == mine + [-1] * (slots - len(mine)), f"{key}: rank {r} has {got}"
