@@ -158,7 +158,9 @@ def _tp_record(program: Program) -> dict[str, Any]:
     """The ranks, and how each rank's weights are cut from the checkpoint's (passes/sharding.py):
     for every sharded weight (by its checkpoint name), the axis and the number of equal parts
     it is cut into; rank r holds part r x parts // tp (fewer parts than ranks: KV heads
-    replicated over ranks). Every other weight is whole on every rank."""
+    replicated over ranks). Routed experts are whole experts per rank: the manifest names rank
+    0's, `experts_per_rank` of them (rank r's j-th is the checkpoint's r x that + j). Every
+    other weight is whole on every rank."""
     shards: dict[str, dict[str, int]] = {}
     for t in program.graph.tensors.values():
         if "shard" in t.attrs and t.hf_name:
@@ -166,7 +168,9 @@ def _tp_record(program: Program) -> dict[str, Any]:
             if shards.setdefault(t.hf_name, cut) != cut:
                 raise ScheduleError(f"weight {t.hf_name!r} is cut two ways: {shards[t.hf_name]} "
                                     f"and {cut}")
-    return {"tp": program.tp, "shards": shards}
+    local = program.config.get("sharding", {}).get("experts_per_rank")
+    return {"tp": program.tp, "shards": shards,
+            **({"experts_per_rank": local} if local and program.tp > 1 else {})}
 
 
 def manifest(program: Program, options: CompileOptions, consts: dict[str, object],

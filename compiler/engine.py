@@ -16,6 +16,7 @@ through peer (NVLink) pointers (passes/synchronization.py). Sampling under tp is
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -148,16 +149,29 @@ def shard_part(full: int, size: int, rank: int, tp: int) -> slice:
     return slice(i * size, (i + 1) * size)
 
 
+# A routed expert's checkpoint tensor: its layer's prefix, the expert's index, the rest.
+EXPERT = re.compile(r"(?P<pre>.*\.mlp\.experts\.)(?P<j>\d+)(?P<post>\..*)")
+
+
 def shard_weights(m: dict[str, Any], weights: dict[str, torch.Tensor],
                   rank: int) -> dict[str, torch.Tensor]:
     """The weights rank `rank` holds: the manifest's sharded tensors (`tp.shards`: axis and
-    number of parts by checkpoint name) cut to its part, every other tensor whole."""
+    number of parts by checkpoint name; an FP8 weight's `weight_scale_inv` is one of them, cut
+    block for block with the weight) cut to its part, routed experts renumbered
+    (`tp.experts_per_rank`: the manifest names rank 0's experts; rank r's j-th is the
+    checkpoint's expert r x experts_per_rank + j), every other tensor whole."""
     out = dict(weights)
     for name, sh in m.get("tp", {}).get("shards", {}).items():
         w, axis = weights[name], sh["axis"]
         cut = [slice(None)] * w.dim()
         cut[axis] = shard_part(w.shape[axis], w.shape[axis] // sh["parts"], rank, ranks(m))
         out[name] = w[tuple(cut)]
+    local = m.get("tp", {}).get("experts_per_rank")
+    if local and rank:
+        for name in weights:
+            mine = EXPERT.match(name)
+            if mine and int(mine["j"]) < local:
+                out[name] = weights[f"{mine['pre']}{rank * local + int(mine['j'])}{mine['post']}"]
     return out
 
 

@@ -17,6 +17,12 @@ all-reduce:
 - everything small or shared by all heads is replicated: embedding, norms, MLA's q_a/kv_a
   latent projections and cache, the DSA indexer, the router.
 
+FP8 weights are cut with their block scales: a cut must fall on a block boundary of the scale
+grid (column-parallel: each rank's rows a whole number of block rows; row-parallel: its input
+columns a whole number of block columns; experts are whole), so that each rank's weight is an
+FP8 weight of its own with the matching part of `weight_scale_inv` (the manifest records the
+scales' cut like the weight's); a cut inside a block is refused, naming the weight.
+
 The per-rank program is the same schedule over the shard's dimensions: this pass rewrites the
 decode graph's shapes and attrs to rank 0's shard (every rank's has the same shape), so the
 passes after it only ever see one rank. It runs first, on the unfused graph, where each op
@@ -75,6 +81,28 @@ class Sharder:
         t = self.g.tensors[name]
         self.g.tensors[name] = dataclasses.replace(t, shape=shape, attrs={**t.attrs, **attrs})
 
+    def cut_weight(self, op: Op, name: str, shape: tuple[int, int], axis: int,
+                   parts: int) -> None:
+        """Cuts weight `name` to rank 0's `shape` along `axis` (`parts` distinct parts), and an
+        FP8 weight's scale grid with it, block for block."""
+        shard = {"axis": axis, "tp": self.tp, "parts": parts}
+        t = self.g.tensors[name]
+        if "scale_inv" in t.attrs:
+            block = t.attrs["block"][axis]
+            if shape[axis] % block:
+                what = ("output rows", "input columns")[axis]
+                raise ScheduleError(
+                    f"--tp {self.tp}: FP8 weight {t.hf_name!r} (op {op.name!r}): "
+                    f"{shape[axis]} {what} per rank is not a whole number of its "
+                    f"{block}-{what.split()[1][:-1]} scale blocks; each rank's part must be "
+                    "cut on a block boundary of weight_scale_inv (or use bf16 weights: "
+                    "--weight-dtype bf16)")
+            scale = self.g.tensors[t.attrs["scale_inv"]]
+            grid = list(scale.shape)
+            grid[axis] = shape[axis] // block
+            self.resize(scale.name, tuple(grid), shard=shard)
+        self.resize(name, shape, shard=shard)
+
     def heads(self, name: str, head_dim: int) -> int:
         return self.g.tensors[name].numel // head_dim
 
@@ -97,15 +125,14 @@ class Sharder:
         out = op.outputs[0]
         if rule == "column":
             per_rank = self.column_rows(op, w, rows)
-            self.resize(w, (per_rank, k),
-                        shard={"axis": 0, "tp": self.tp, "parts": rows // per_rank})
+            self.cut_weight(op, w, (per_rank, k), 0, rows // per_rank)
             self.resize(out, (per_rank,))
         elif rule == "row":
-            self.resize(w, (rows, self.split(op, "input width", k)),
-                        shard={"axis": 1, "tp": self.tp, "parts": self.tp})
+            self.cut_weight(op, w, (rows, self.split(op, "input width", k)), 1, self.tp)
             self.partial.add(out)
-        if len(op.inputs) > 2 and rule == "column":  # a bias follows its rows
-            self.resize(op.inputs[2], (self.g.tensors[out].numel,))
+        scale = self.g.tensors[w].attrs.get("scale_inv")  # an FP8 weight's: cut with it
+        for bias in (b for b in op.inputs[2:] if b != scale and rule == "column"):
+            self.resize(bias, (self.g.tensors[out].numel,))  # a bias follows its rows
 
     def own_copy(self, op: Op, w: str) -> str:
         name = f"{op.name}.weight_shard"
@@ -159,8 +186,7 @@ class Sharder:
             if "shard" not in kv_b.attrs:
                 rows = kv_b.shape[0] // a["n_heads"] * self.split(op, "number of attention heads",
                                                                   a["n_heads"])
-                self.resize(kv_b.name, (rows, kv_b.shape[1]),
-                            shard={"axis": 0, "tp": self.tp, "parts": self.tp})
+                self.cut_weight(op, kv_b.name, (rows, kv_b.shape[1]), 0, self.tp)
         a["n_heads"] = self.split(op, "number of attention heads", a["n_heads"])
         per_head = {"mla_absorb_q": a["kv_lora_rank"], "mla_attention": a["kv_lora_rank"],
                     "mla_expand_v": a["v_head_dim"]}[op.opcode]
@@ -172,9 +198,13 @@ class Sharder:
         per_expert = (len(op.inputs) - 3) // a["num_experts"]
         keep = op.inputs[3:3 + local * per_expert]
         for name in op.inputs[3 + local * per_expert:]:
-            del self.g.tensors[name]  # other ranks' experts
+            del self.g.tensors[name]  # other ranks' experts (FP8: and their scales)
         op.inputs = (*op.inputs[:3], *keep)
-        a.update(local_experts=[0, local], slots=min(a["top_k"], local))
+        shard = {"local_experts": [0, local], "slots": min(a["top_k"], local)}
+        a.update(shard)
+        # the router writes the shard's view of its choices (task_semantics_moe: local_routes)
+        router = next(p for p in self.g.producers(op.name) if op.inputs[1] in p.outputs)
+        router.attrs.update(shard)
         self.partial.add(op.outputs[0])
 
     def add(self, op: Op) -> None:

@@ -478,6 +478,9 @@ static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
     route_pieces(p, s, t, 0, id, src, piece);
     src = piece[0];
   }
+#if TP > 1  // a gate/up task whose slot holds no expert of this rank loads nothing (run_loader)
+  if (routed && t[F_OPCODE] == OP_MOE_GATE_UP && !piece[0]) return true;
+#endif
 #endif
   for (int r = 0, i = 0; r < rows; r += rpp, ++i) {
     uint8_t* page = s.ring + (k.consumed + i) % RING_PAGES * PAGE_BYTES;

@@ -38,9 +38,10 @@ from a context below index_topk (every token selected) to one above it; full-siz
 DeepSeek-V3.2 attention (64 index heads, top-2048 of a 3000-token context) passes the
 teacher-forced check, the token loop and the selection check.
 
-Tensor parallelism (TP_MODELS at --tp 2, on two GPUs): the teacher-forced check on every
-rank's vocabulary rows gathered, the token loop, EOS, residual streams bit-identical across
-ranks, and non-greedy sampling refused.
+Tensor parallelism (TP_MODELS at --tp 2, on two GPUs: dense, MLA, MoE with expert
+parallelism, FP8): the teacher-forced check on every rank's vocabulary rows gathered, the token
+loop, EOS, residual streams bit-identical across ranks, every rank's routing (its shard's
+chosen experts), and non-greedy sampling refused.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ import torch
 
 import tilertc
 from tilertc.driver import CompileOptions, compile
-from tilertc.engine import Engine
+from tilertc.engine import Engine, TensorParallelEngine
 from tilertc.ir.sampling import SamplingParams, sample
+from tilertc.passes.task_semantics_moe import local_routes
 
 pytestmark = pytest.mark.gpu
 
@@ -80,6 +82,13 @@ VARIANTS = {
         "vocab_size": 32000, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
     "glm-5-fp8-attention": ("glm-5", {
         "vocab_size": 32000, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
+    # FP8 under --tp 2: deepseek-v3-tiny with dims whose halves are whole 128-blocks of scales
+    # (tests/test_tp.py: ALIGNED)
+    "deepseek-v3-tiny-fp8-aligned": ("deepseek-v3-tiny", {
+        "num_attention_heads": 16, "num_key_value_heads": 16, "qk_rope_head_dim": 16,
+        "intermediate_size": 256, "moe_intermediate_size": 128, "n_shared_experts": 2,
+        "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                "weight_block_size": [128, 128]}}),
 }
 MLA_MODELS = ["deepseek-v3-tiny-dense", "deepseek-v3-tiny"]
 MOE_MODELS = ["qwen3-moe-tiny", "deepseek-v3-tiny"]
@@ -228,6 +237,8 @@ def routed_as_interpreter(engine: Engine, routers: list, env: dict[str, torch.Te
     and then its combine weights too, to fp32 rounding. Where they differ, the interpreter's own
     selection values (or, for group-limited routing, the scores of the two experts' groups) at
     the first place they differ must be within rounding of a tie."""
+    if isinstance(engine, TensorParallelEngine):
+        return [tp_routed_as_interpreter(engine, op, env, step) for op in routers]
     routing, same = engine.routing(), []
     for op in routers:
         got, got_w = routing[op.layer]
@@ -243,6 +254,39 @@ def routed_as_interpreter(engine: Engine, routers: list, env: dict[str, torch.Te
         assert close <= ROUTING_TIE, (
             f"step {step}, layer {op.layer}: kernel experts {got}, interpreter {want} "
             f"(selection values differ by {close:.3g})")
+    return same
+
+
+def tp_routed_as_interpreter(engine: TensorParallelEngine, op, env: dict[str, torch.Tensor],
+                             step: int) -> bool:
+    """Under expert parallelism: whether every rank's slots (its chosen experts best first as
+    indices among its own, -1 after them) are the interpreter's routing as that rank keeps it
+    (`local_routes`), and then their combine weights too. Where they differ, each expert the
+    ranks chose and the interpreter did not must be within rounding of a tie with one the
+    interpreter chose instead."""
+    local = engine.m["tp"]["experts_per_rank"]
+    a = op.attrs
+    attrs = {"num_experts": a["num_experts"], "top_k": a["top_k"], "slots": min(a["top_k"], local)}
+    ids, weights = env[op.outputs[0]].cpu(), env[op.outputs[1]].cpu()
+    chosen, same = set(), True
+    for r, e in enumerate(engine.engines):
+        got, got_w = (v[:attrs["slots"]] for v in e.routing()[op.layer])
+        want, want_w = local_routes(ids, weights, {**attrs, "local_experts": [r * local,
+                                                                            (r + 1) * local]})
+        chosen |= {g + r * local for g in got if g >= 0}
+        if got == want.tolist():
+            assert np.allclose(got_w, want_w.numpy(), rtol=1e-3, atol=1e-6)
+        else:
+            same = False
+    if not same:
+        choice, group = selection_values(engine, op, env)
+        wanted = set(ids[0].tolist())
+        for e in chosen - wanted:
+            close = min(abs(float(v[e] - v[f])) for f in wanted - chosen
+                        for v in (choice, group) if v is not None)
+            assert close <= ROUTING_TIE, (
+                f"step {step}, layer {op.layer}: the ranks chose experts {sorted(chosen)}, the "
+                f"interpreter {sorted(wanted)} (selection values differ by {close:.3g})")
     return same
 
 
@@ -536,9 +580,11 @@ def test_watchdog_turns_a_stall_into_an_error(tmp_path) -> None:
 
 
 # -- tensor parallelism: --tp 2 on two GPUs of one host ------------------------------------------
-# The all-reduces and the sampler's exchange between ranks (passes/synchronization.py); MoE's
-# expert parallelism is not yet in the kernel. Skipped without two GPUs with P2P access.
-TP_MODELS = ["llama-tiny", "deepseek-v3-tiny-dense"]
+# The all-reduces and the sampler's exchange between ranks (passes/synchronization.py), MoE's
+# expert parallelism (Qwen3-MoE's, DeepSeek's with its shared expert split) and FP8 weights cut
+# on their scale blocks. Skipped without two GPUs with P2P access.
+TP_MOE_MODELS = ["qwen3-moe-tiny", "deepseek-v3-tiny", "deepseek-v3-tiny-fp8-aligned"]
+TP_MODELS = ["llama-tiny", "deepseek-v3-tiny-dense", *TP_MOE_MODELS]
 
 
 @pytest.fixture(scope="module", params=TP_MODELS)
@@ -572,6 +618,14 @@ def test_tp_ranks_hold_identical_residual_streams(tp_engine: Engine) -> None:
         assert int(e.device_tokens[0]) == int(rank0.device_tokens[0])
         for n in names:
             assert torch.equal(e._act(n).cpu(), rank0._act(n).cpu()), n
+
+
+def test_tp_routing_decisions_match_interpreter(tp_engine: Engine) -> None:
+    """Every rank's slots hold the experts of its shard that the interpreter's router chose,
+    best first, with their combine weights (but for ties)."""
+    if not any(op.opcode == "moe_router" for op in tp_engine.graph.ops()):
+        pytest.skip("no MoE layer")
+    check_routing(tp_engine)
 
 
 def test_tp_eos_stops_every_rank(tp_engine: Engine) -> None:

@@ -34,6 +34,13 @@ from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.verify import VerificationError, verify
 
 SEQ = 256
+FP8 = {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                               "weight_block_size": [128, 128]}}
+# deepseek-v3-tiny with dims whose halves are whole 128-blocks of FP8 scales: 8 heads per rank of
+# q_b rows 16 + 16 (128 rows), kv_b rows 16 + 16, o_proj inputs 16; dense and shared-expert
+# halves of 128.
+ALIGNED = {"num_attention_heads": 16, "num_key_value_heads": 16, "qk_rope_head_dim": 16,
+           "intermediate_size": 256, "moe_intermediate_size": 128, "n_shared_experts": 2}
 
 
 def program(name: str, tp: int, **overrides: Any) -> Program:
@@ -65,9 +72,28 @@ def test_synchronization_adds_one_exchange_counter_per_all_reducing_task_and_the
 
 @pytest.mark.parametrize("name, tp, overrides", [
     ("llama-tiny", 2, {}), ("llama-tiny", 4, {}), ("qwen3-moe-tiny", 2, {}),
-    ("deepseek-v3-tiny", 2, DENSE), ("deepseek-v3.2-tiny", 2, {})])
+    ("qwen3-moe-tiny", 4, {}), ("deepseek-v3-tiny", 2, DENSE), ("deepseek-v3-tiny", 2, {}),
+    ("deepseek-v3.2-tiny", 2, {}), ("deepseek-v3-tiny", 2, {**ALIGNED, **FP8})])
 def test_every_ranks_streams_verify(name: str, tp: int, overrides: dict) -> None:
     verify(program(name, tp, **overrides), "structural")
+
+
+@pytest.mark.parametrize("name, overrides, seq, dtype", [
+    ("qwen3-30b-a3b", {}, SEQ, None),
+    ("deepseek-v3.2", {"num_hidden_layers": 4, "first_k_dense_replace": 3}, 4096, None),
+    ("glm-5", {"num_hidden_layers": 4}, 4096, "bf16"),
+    ("glm-5", {"num_hidden_layers": 4}, 4096, "fp8")])
+def test_full_size_moe_schedules_at_tp_8_verify(name: str, overrides: dict, seq: int,
+                                                dtype: str | None) -> None:
+    """The --tp 8 schedules CI compiles: Qwen3-30B-A3B (every layer MoE), DeepSeek-V3.2 as
+    shipped (FP8) and GLM-5 in bf16 and FP8 with 3 dense and 1 MoE layer (MLA, DSA, routed and
+    shared experts): every rank's streams run to completion with the exchanges."""
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    spec = tilertc.load_spec(name, overrides=overrides or None)
+    p = make_program(with_weight_dtype(spec, dtype) if dtype else spec, tp=8, max_seq_len=seq)
+    assert p.config["sharding"]["experts_per_rank"] == spec.moe.num_experts // 8
+    verify(p, "structural")
 
 
 def test_verifier_catches_an_exchange_counter_that_is_not_the_tasks_own() -> None:
@@ -96,17 +122,105 @@ def test_verifier_finds_a_rank_that_never_arrives() -> None:
 # -- the codegen ------------------------------------------------------------------------------
 
 def test_codegen_refuses_what_tp_does_not_run_by_name() -> None:
-    with pytest.raises(ScheduleError, match="op 'layers.0.moe.topk': routed experts under "
-                                            "--tp 2 .* not yet in the CUDA backend"):
-        codegen.check_supported(program("qwen3-moe-tiny", 2))
     wide = program("llama-tiny", 2)
     wide.tp = 16
     with pytest.raises(ScheduleError, match="--tp 16: the CUDA backend runs at most 8 ranks"):
         codegen.check_supported(wide)
-    fp8 = tilertc.load_spec("llama-tiny", overrides={"quantization_config": {
-        "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}})
-    with pytest.raises(ScheduleError, match="FP8 weights are supported at --tp 1 only"):
-        make_program(fp8, tp=2, max_seq_len=SEQ)
+
+
+@pytest.mark.parametrize("overrides, weight, what", [
+    ({}, "model.layers.0.self_attn.q_b_proj.weight",
+     "48 output rows per rank is not a whole number of its 128-row scale blocks"),
+    # column-parallel q_b and kv_b aligned (8 heads of 32 rows per rank), o_proj's 8 x 8 inputs not
+    ({**ALIGNED, "qk_nope_head_dim": 24, "qk_rope_head_dim": 8, "v_head_dim": 8},
+     "model.layers.0.self_attn.o_proj.weight",
+     "64 input columns per rank is not a whole number of its 128-column scale blocks")])
+def test_fp8_cuts_inside_a_scale_block_are_refused_naming_the_weight(
+        overrides: dict, weight: str, what: str) -> None:
+    spec = tilertc.load_spec("deepseek-v3-tiny", overrides={**overrides, **FP8})
+    with pytest.raises(ScheduleError, match=f"--tp 2: FP8 weight '{weight}' .*: {what}"):
+        make_program(spec, tp=2, max_seq_len=SEQ)
+
+
+def test_fp8_weights_are_cut_with_their_scales_block_for_block() -> None:
+    """The aligned FP8 DeepSeek variant at tp 2: every sharded FP8 weight's scale grid is cut
+    with it (the manifest records both), and each rank's part of the scales is the one of its
+    rows (column-parallel) or columns (row-parallel)."""
+    from tilertc.driver import _tp_record
+
+    p = program("deepseek-v3-tiny", 2, **ALIGNED, **FP8)
+    g = p.graph
+    shards = _tp_record(p)["shards"]
+    fp8 = [t for t in g.weights() if "scale_inv" in t.attrs and "shard" in t.attrs]
+    assert {t.hf_name.rsplit(".", 2)[-2] for t in fp8} >= {"q_b_proj", "kv_b_proj", "o_proj",
+                                                           "gate_proj", "up_proj", "down_proj"}
+    for t in fp8:
+        scale = g.tensors[t.attrs["scale_inv"]]
+        assert shards[scale.hf_name] == shards[t.hf_name]
+        axis = t.attrs["shard"]["axis"]
+        if "derived" not in t.attrs:  # W_uk / W_uv: rows of kv_b's heads, 2 block rows per rank
+            assert scale.shape[axis] * 128 == t.shape[axis]
+    w = random_weights(tilertc.build_graph(p.spec, SEQ), seed=1)
+    m = {"tp": _tp_record(p)}
+    name = "model.layers.0.self_attn.o_proj.weight"
+    for r in range(2):
+        mine = shard_weights(m, w, r)
+        cols = w[name].shape[1] // 2
+        assert torch.equal(mine[name].view(torch.uint8),
+                           w[name][:, r * cols:(r + 1) * cols].view(torch.uint8))
+        blocks = cols // 128
+        assert torch.equal(mine[name + "_scale_inv"],
+                           w[name + "_scale_inv"][:, r * blocks:(r + 1) * blocks])
+
+
+def test_moe_at_tp_2_splits_experts_and_all_reduces_after_the_moe_output() -> None:
+    """qwen3-moe-tiny (8 experts, top 2) and deepseek-v3-tiny (with a shared expert): at tp 1
+    the MoE down projection adds the residual itself; at tp 2 each rank holds 4 experts (rank
+    0's in the graph), the router and both expert ops see the shard (`local_experts`, 2 slots),
+    the shared expert is split like the dense MLP, and every MoE down task (beside o_proj's
+    and the dense down_proj's) exchanges its partial rows with its own counter."""
+    for name in ("qwen3-moe-tiny", "deepseek-v3-tiny"):
+        one, two = program(name, 1), program(name, 2)
+        assert not exchange_ops(one)
+        moe = [op for op in two.graph.ops() if op.opcode.startswith("moe_")]
+        for op in moe:
+            assert op.attrs["local_experts"] == [0, 4] and op.attrs["slots"] == 2, op.name
+        down = [op for op in moe if op.opcode == "moe_down_add"]
+        assert {op.name for op in down} <= {op.name for op in exchange_ops(two)}
+        assert len(down[0].inputs) < len(next(
+            op for op in one.graph.ops() if op.name == down[0].name).inputs)
+        experts = {t.hf_name.split(".mlp.experts.")[1].split(".")[0]
+                   for t in two.graph.weights() if ".mlp.experts." in t.hf_name}
+        assert experts == {"0", "1", "2", "3"}
+        for op in down:
+            tasks = [t for t in two.tasks if t.op == op.name]
+            assert all(t.exchange >= 0 for t in tasks)
+            assert all(two.counters[t.exchange].per_step == 2 for t in tasks)
+            if op.attrs["shared_intermediate"]:  # half the shared expert's columns per rank
+                full = next(o for o in one.graph.ops() if o.name == op.name)
+                assert op.attrs["shared_intermediate"] * 2 == full.attrs["shared_intermediate"]
+        consts = codegen.constants(two)
+        assert (consts["MOE_LOCAL"], consts["MOE_SLOTS"]) == (4, 2)
+        assert "MOE_LOCAL" not in codegen.constants(one)
+
+
+def test_rank_experts_are_the_checkpoints_experts_of_the_rank() -> None:
+    """Rank r's j-th expert (named as rank 0's in the manifest) is the checkpoint's expert
+    4 r + j; the router and the other weights are whole."""
+    from tilertc.driver import _tp_record
+
+    p = program("qwen3-moe-tiny", 2)
+    m = {"tp": _tp_record(p)}
+    assert m["tp"]["experts_per_rank"] == 4
+    w = random_weights(tilertc.build_graph(p.spec, SEQ), seed=2)
+    pre = "model.layers.1.mlp."
+    for r in range(2):
+        mine = shard_weights(m, w, r)
+        for j in range(4):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                got = mine[f"{pre}experts.{j}.{proj}.weight"]
+                assert got is w[f"{pre}experts.{4 * r + j}.{proj}.weight"]
+        assert mine[pre + "gate.weight"] is w[pre + "gate.weight"]
 
 
 def test_tp_constants_only_where_there_are_ranks() -> None:
@@ -203,9 +317,16 @@ def test_engine_needs_as_many_gpus_as_ranks() -> None:
 # -- decode steps of every rank, on the host -----------------------------------------------------
 
 # (model, overrides, tp, target SMs, prefill): GQA with a KV head per rank and with KV heads
-# replicated on two ranks (tp 4 over 2 KV heads); MLA (the latent cache whole on every rank).
+# replicated on two ranks (tp 4 over 2 KV heads); MLA (the latent cache whole on every rank);
+# MoE with expert parallelism (Qwen3-MoE: 4 and 2 experts per rank; DeepSeek's, with its shared
+# expert split like the dense MLP, after a dense layer, on the H200 and on 5 SMs: down tasks of
+# many rows); FP8 weights cut with their scales (the aligned DeepSeek variant).
 STEPS = [("llama-tiny", {}, 2, 132, 40), ("llama-tiny", {}, 4, 7, 100),
-         ("deepseek-v3-tiny", DENSE, 2, 132, 20)]
+         ("deepseek-v3-tiny", DENSE, 2, 132, 20),
+         ("qwen3-moe-tiny", {}, 2, 132, 30), ("qwen3-moe-tiny", {}, 4, 7, 60),
+         ("deepseek-v3-tiny", {}, 2, 132, 20), ("deepseek-v3-tiny", {}, 2, 5, 50),
+         ("deepseek-v3-tiny", {**ALIGNED, **FP8}, 2, 132, 20),
+         ("deepseek-v3-tiny", {**ALIGNED, **FP8}, 2, 7, 40)]
 
 
 @pytest.mark.parametrize("name, overrides, tp, sms, prefill", STEPS)
@@ -240,3 +361,19 @@ def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
     logits = env["logits"][0]
     assert torch.allclose(bufs["logits"], logits, rtol=1e-4, atol=1e-4 * float(logits.abs().max()))
     assert got == int(logits.argmax())
+    if spec.moe is not None:
+        check_local_routes(spec, tp, bufs, env)
+
+
+def check_local_routes(spec: Any, tp: int, bufs: dict, env: dict) -> None:
+    """Every MoE layer's slots on every rank: the interpreter's chosen experts that the rank
+    holds, best first, as indices among its own, then -1 (the seeds give ranks with every slot
+    busy and ranks with none: down tasks of the shared piece only, or of nothing)."""
+    local = spec.moe.num_experts // tp
+    for key in (k for k in env if k.endswith("moe.expert_ids")):
+        want = env[key][0].tolist()
+        for r, rank in enumerate(bufs["ranks"]):
+            mine = [e - r * local for e in want if r * local <= e < (r + 1) * local]
+            slots = min(spec.moe.experts_per_token, local)
+            got = rank[key].view(torch.int32)[:slots].tolist()
+            assert got == mine + [-1] * (slots - len(mine)), f"{key}: rank {r} has {got}"

@@ -29,9 +29,9 @@ MAX_GROUPS = 32
 
 def check_supported(program: Program) -> None:
     """The CUDA backend runs the dense fused opcodes, MoE (Qwen3-MoE's and DeepSeek-V3's
-    routing, routed and shared experts), absorbed MLA and the DSA indexer on one GPU, and all
-    but routed experts under tensor parallelism; anything else is refused by name here, before
-    any source is emitted."""
+    routing, routed and shared experts), absorbed MLA and the DSA indexer, on one GPU and under
+    tensor parallelism (routed experts split over the ranks); anything else is refused by name
+    here, before any source is emitted."""
     from tilertc.backends.cuda.encode import OPCODES
 
     _check_tp(program)
@@ -53,18 +53,13 @@ MAX_TP = 8
 
 def _check_tp(program: Program) -> None:
     """Under --tp N the kernel exchanges all-reduce rows and the sampler's pairs between ranks
-    (passes/synchronization.py); routed experts under expert parallelism would need the router
-    to hand each rank the chosen experts it holds, which the kernel does not do yet."""
+    (passes/synchronization.py), on at most the GPUs of one host."""
     tp = program.tp
     if tp == 1:
         return
     if tp > MAX_TP:
         raise ScheduleError(f"--tp {tp}: the CUDA backend runs at most {MAX_TP} ranks (the GPUs "
                             "of one NVLink host)")
-    routed = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
-    if routed is not None:
-        raise ScheduleError(f"op {routed.name!r}: routed experts under --tp {tp} (expert "
-                            "parallelism) are not yet in the CUDA backend (it runs MoE at --tp 1)")
 
 
 def _tp(program: Program) -> dict[str, object]:
@@ -187,9 +182,10 @@ def _check_moe(op) -> None:
 def _moe(program: Program, topk: dict) -> dict[str, object]:
     """The router's constants and the shared expert's width (0: none), which every MoE layer
     of a model shares: the router keeps its scores in registers, the loader and the staging
-    of a down task know where its routed pieces end."""
-    shared = {op.attrs["shared_intermediate"] for op in program.graph.ops()
-              if op.opcode == "moe_down_add"}
+    of a down task know where its routed pieces end. Under tp > 1 also each rank's experts and
+    slots (route_local keeps the chosen experts of its rank)."""
+    downs = [op for op in program.graph.ops() if op.opcode == "moe_down_add"]
+    shared = {op.attrs["shared_intermediate"] for op in downs}
     if len(shared) > 1:
         raise ScheduleError(f"MoE layers with different shared experts ({sorted(shared)}) are "
                             "not yet in the CUDA backend")
@@ -198,7 +194,9 @@ def _moe(program: Program, topk: dict) -> dict[str, object]:
             "MOE_SCALING": f"{float(topk['routed_scaling_factor'])!r}f",
             "MOE_SIGMOID": int(topk["scoring"] == "sigmoid"),
             "MOE_BIAS": int(topk["bias"]), "MOE_GROUPS": topk["n_group"],
-            "MOE_TOPK_GROUP": topk["topk_group"], "MOE_SHARED_K": shared.pop()}
+            "MOE_TOPK_GROUP": topk["topk_group"], "MOE_SHARED_K": shared.pop(),
+            **({} if program.tp == 1 else {"MOE_LOCAL": topk["num_experts"] // program.tp,
+                                            "MOE_SLOTS": downs[0].attrs["slots"]})}
 
 
 def _gqa(attn: dict, seq: int) -> dict[str, object]:

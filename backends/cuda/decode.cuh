@@ -329,13 +329,30 @@ __device__ bool route_pieces(const Params& p, const Shared& s, const int* t, lon
   const long long stride = static_cast<long long>(t[F_EXPERT_STRIDE]) * 16;
 #pragma unroll
   for (int j = 0; j < MOE_TOP_K; ++j)
+#if TP > 1  // expert parallelism: a slot without an expert of this rank has no piece (route_local)
+    if (j < t[F_SLOTS]) piece[j] = __ldcg(ids + j) < 0 ? nullptr : base + __ldcg(ids + j) * stride;
+#else
     if (j < t[F_SLOTS]) piece[j] = base + __ldcg(ids + j) * stride;
+#endif
 #if MOE_SHARED_K  // the shared rows lie in the SM's static region, like a dense task's
   piece[MOE_TOP_K] = p.weights + ((static_cast<long long>(t[F_SHARED_HI]) << 32) |
                                   static_cast<uint32_t>(t[F_SHARED_LO])) * 16;
 #endif
   return true;
 }
+
+#if TP > 1
+// The bytes of a routed row that the loader copies: a down row without the pieces of its slots
+// that hold no expert of this rank (all busy ones come first: route_local).
+__device__ __forceinline__ int loaded_row_bytes(const int* t, const uint8_t* const (&piece)[MOE_PIECES]) {
+  const int rb = t[F_ROW_BYTES];
+  if (t[F_OPCODE] != OP_MOE_DOWN_ADD) return rb;
+  int empty = 0;
+#pragma unroll
+  for (int j = 0; j < MOE_TOP_K; ++j) empty += j < t[F_SLOTS] && !piece[j];
+  return rb - empty * ((rb - MOE_SHARED_BYTES) / t[F_SLOTS]);
+}
+#endif
 
 // Whether a routed task's pages are gathered piece by piece (copy_pieces): a down task's rows
 // come from several experts (and the shared one); a gate/up task's are one expert's, contiguous.
@@ -352,7 +369,11 @@ __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIE
   for (int rr = 0; rr < n; ++rr) {
 #pragma unroll
     for (int j = 0; j < MOE_TOP_K; ++j)
+#if TP > 1  // a slot without an expert of this rank: its piece is not loaded (nor read)
+      if (j < slots && piece[j])
+#else
       if (j < slots)
+#endif
         bulk_copy(page + rr * rb + j * bytes, piece[j] + static_cast<long long>(r + rr) * bytes, bytes, bar);
 #if MOE_SHARED_K
     bulk_copy(page + rr * rb + slots * bytes, piece[MOE_TOP_K] + static_cast<long long>(r + rr) * MOE_SHARED_BYTES,
@@ -482,10 +503,16 @@ __device__ void run_loader(const Params& p, Shared& s) {
         src = piece[0];  // one piece per row: the expert's rows are contiguous, as a dense task's
       }
 #endif
+#if MOE && TP > 1  // a gate/up task whose slot holds no expert of this rank: nothing to load
+      if (routed && t[F_OPCODE] == OP_MOE_GATE_UP && !piece[0]) continue;
+      const int lrb = routed ? loaded_row_bytes(t, piece) : rb;
+#else
+      const int lrb = rb;
+#endif
       for (int r = 0; r < rows; r += rpp) {
         uint8_t* page = claim_page(p, s, issued);
         if (!page) goto drain;
-        const uint32_t bytes = min(rpp, rows - r) * rb;
+        const uint32_t bytes = min(rpp, rows - r) * lrb;
         uint64_t* full = &s.full[issued++ % RING_PAGES];
         mbar_expect_tx(full, bytes);
 #if MOE
@@ -1104,6 +1131,27 @@ __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int
   return dot_groups(Bf16Row{reinterpret_cast<const uint2*>(w)}, x, begin, end, lane);
 }
 
+#if MOE && TP > 1
+// Expert parallelism: the slots of a routed task that hold an expert of this rank (they come
+// first: route_local); a gate/up task's one slot, or a down task's every slot.
+__device__ __forceinline__ int busy_slots(const Params& p, const int* t) {
+  const int* ids = reinterpret_cast<const int*>(p.act + t[F_IDS]) + t[F_SLOT0];
+  int n = 0;
+  for (int j = 0; j < t[F_SLOTS]; ++j) n += __ldcg(ids + j) >= 0;
+  return n;
+}
+
+// dot_segment over [begin, end) without the groups [skip0, skip1) (a down row's pieces that
+// were not loaded).
+__device__ __forceinline__ float dot_skipping(const uint4* w, const float* x, int begin, int end, int skip0,
+                                              int skip1, int lane) {
+  float y = 0.f;
+  if (begin < min(end, skip0)) y += dot_segment(w, x, begin, min(end, skip0), lane);
+  if (max(begin, skip1) < end) y += dot_segment(w, x, max(begin, skip1), end, lane);
+  return y;
+}
+#endif
+
 #if WEIGHT_FP8
 // FP8 rows (ir/fp8.py: packed_row_bytes): k e4m3 bytes, then one fp32 scale per FP8_BLOCK_COLS
 // columns (the row's block row of weight_scale_inv; a q absorption row's: per fewer columns),
@@ -1154,10 +1202,13 @@ __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, cons
 // its own scales) of piece_bytes, then shared_k8 > 0: the shared expert's piece (its values and
 // scales) with shared_k8 groups of 8 columns; [begin, end) counts groups over the row's k8.
 __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece_bytes, int k8, int shared_k8,
-                                        const float* x, int begin, int end, int lane) {
+                                        const float* x, int begin, int end, int lane, int busy = 0) {
   const int pk8 = (k8 - shared_k8) / slots;
   float y = 0.f;
   for (int j = 0; j <= slots; ++j) {  // piece `slots`: the shared expert's (empty without one)
+#if TP > 1  // pieces [busy, slots): slots without an expert of this rank, not loaded (busy_slots)
+    if (j >= busy && j < slots) continue;
+#endif
     const int p0 = j * pk8, p1 = j < slots ? p0 + pk8 : k8;
     const int lo = max(begin, p0), hi = min(end, p1);
     if (lo < hi) y += dot_segment_fp8(row + j * piece_bytes, 8 * (p1 - p0), x + 8 * p0, lo - p0, hi - p0, lane);
@@ -1242,6 +1293,11 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
+#if MOE && TP > 1  // a down row's groups [skip0, skip1): the pieces of its slots without an expert here
+  const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
+  const int busy = down ? busy_slots(p, t) : 0, pk8 = down ? (k8 - MOE_SHARED_K / 8) / t[F_SLOTS] : 0;
+  const int skip0 = down ? busy * pk8 : k8, skip1 = down ? t[F_SLOTS] * pk8 : k8;
+#endif
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
     for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
       const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
@@ -1251,7 +1307,14 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
       const float* x = s.vec;
 #endif
       for (int h = 0; h < halves; ++h) {
-#if WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
+#if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
+        const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
+                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                     MOE_SHARED_K / 8, x, begin, end, lane, busy)
+                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift);
+#elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
         const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
                         : t[F_OPCODE] == OP_MOE_DOWN_ADD
                             ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
@@ -1262,6 +1325,8 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
         const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
                                               scale_shift)
                             : dot_segment(w + h * k8, x, begin, end, lane);
+#elif MOE && TP > 1
+        const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
 #else
         const float y = dot_segment(w + h * k8, x, begin, end, lane);
 #endif
@@ -1275,6 +1340,9 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 }
 
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+#if MOE && TP > 1  // a gate/up task whose slot holds no expert of this rank: no pages, no output
+  if (t[F_OPCODE] == OP_MOE_GATE_UP && busy_slots(p, t) == 0) return;
+#endif
   const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
@@ -1771,6 +1839,33 @@ __device__ __forceinline__ float score_of(const float (&sc)[EXPERTS_PER_LANE], i
 }
 #endif
 
+#if TP > 1
+// Expert parallelism (passes/sharding.py): every rank routes the token alike, and rank r keeps
+// the chosen experts it holds, [r MOE_LOCAL, (r + 1) MOE_LOCAL), best first, in slots
+// [0, n) as indices among its own experts, with their combine weights; slots [n, MOE_SLOTS)
+// get id -1 (no expert here: neither loaded nor computed, see busy_slots) and weight 0. Lane k
+// holds the k-th choice; its slot is the number of local choices before it (a scan over lanes).
+__device__ void route_local(const Params& p, const int* t, int ct, float weight, int id) {
+  const int here = ct < MOE_TOP_K && id / MOE_LOCAL == p.rank;
+  int before = here;  // inclusive scan of `here` over lanes
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, before, o);
+    if (ct >= o) before += v;
+  }
+  const int n = __shfl_sync(0xffffffffu, before, 31);
+  int* ids = reinterpret_cast<int*>(p.act + t[F_OUT]);
+  if (here) {
+    __stcg(ids + before - 1, id - static_cast<int>(p.rank) * MOE_LOCAL);
+    __stcg(p.act + t[F_AUX] + before - 1, weight * MOE_SCALING);
+  }
+  if (ct >= n && ct < MOE_SLOTS) {  // lane ct >= n is not the slot of a local choice
+    __stcg(ids + ct, -1);
+    __stcg(p.act + t[F_AUX] + ct, 0.f);
+  }
+}
+#endif
+
 __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
   if (ct >= 32) return;
   const float* logits = p.act + t[F_IN];
@@ -1841,10 +1936,14 @@ __device__ void run_moe_topk(const Params& p, const int* t, int ct) {
     }
   }
   if (MOE_NORM_TOPK_PROB) mine = mine / (warp_sum(ct < MOE_TOP_K ? mine : 0.f) + 1e-20f);
+#if TP > 1
+  route_local(p, t, ct, mine, mine_id);
+#else
   if (ct < MOE_TOP_K) {
     __stcg(reinterpret_cast<int*>(p.act + t[F_OUT]) + ct, mine_id);
     __stcg(p.act + t[F_AUX] + ct, mine * MOE_SCALING);
   }
+#endif
 }
 #endif
 
