@@ -377,3 +377,11 @@ def check_local_routes(spec: Any, tp: int, bufs: dict, env: dict) -> None:
             slots = min(spec.moe.experts_per_token, local)
             got = rank[key].view(torch.int32)[:slots].tolist()
             assert got == mine + [-1] * (slots - len(mine)), f"{key}: rank {r} has {got}"
+
+
+def test_tilelang_backend_refuses_tp() -> None:
+    from tilertc.backends.tilelang.emit import emit
+
+    with pytest.raises(ScheduleError, match="--tp 2: tensor parallelism is not yet in the "
+                                            "TileLang backend"):
+        emit(make_program(tilertc.load_spec("llama-tiny"), tp=2, max_seq_len=64))

@@ -27,6 +27,9 @@ class Emitted:
 def emit(program: Program) -> Emitted:
     """The CUDA backend's kernel with TileLang tiles for every row-segment length the schedule
     gives a warp (segments.py). TileLang's headers come from its install, hence the flags."""
+    if program.tp != 1:  # its tiles were composed with, and checked on, the one-GPU skeleton
+        raise ScheduleError(f"--tp {program.tp}: tensor parallelism is not yet in the TileLang "
+                            "backend; use --backend cuda")
     if program.spec.weight_format.is_fp8:  # its tiles read bf16 rows only
         raise ScheduleError(f"{program.spec.name}: FP8 weights are not yet in the TileLang "
                             "backend (its row-segment tiles are bf16); use --backend cuda")
