@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from tilertc.inspect import charge_reads
+from tilertc.inspect import charge_reads, human_bytes
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import TensorKind
 from tilertc.kernel_per_op import KernelPerOpModel
@@ -150,6 +150,27 @@ class CUDAGraphStepper:
         return out
 
 
+def available_host_bytes() -> int | None:
+    """The host memory free for new allocations (Linux's MemAvailable), or None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kib * 1024
+
+
+def check_host_memory(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
+    """transformers builds its model on the host, beside the checkpoint the bench holds: for a
+    30B model that is another ~60 GB, and a host out of memory kills the whole bench, numbers
+    already measured included. Skip the baseline instead when its copy would not fit."""
+    need, free = sum(w.nbytes for w in weights.values()), available_host_bytes()
+    if free is not None and need > 0.9 * free:
+        raise BaselineUnavailable(
+            f"the Hugging Face model of {spec.name} needs ~{human_bytes(need)} of host memory "
+            f"for its copy of the weights; {human_bytes(free)} is available")
+
+
 class HFStepModel:
     """A Hugging Face transformers model of the spec's architecture with a static KV cache.
 
@@ -171,6 +192,7 @@ class HFStepModel:
         except ImportError as e:
             raise BaselineUnavailable("the Hugging Face baselines need transformers "
                                       "(pip install 'tilertc[hf]')") from e
+        check_host_memory(spec, weights)
         cfg = dict(spec.hf_config)
         config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
         self.device, self.max_seq_len = torch.device(device), max_seq_len

@@ -89,6 +89,27 @@ def test_hf_step_model_refuses_weights_it_cannot_place(name: str, missing: str) 
         HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)
 
 
+def test_hf_step_model_skips_a_model_the_host_cannot_hold(monkeypatch) -> None:
+    """transformers' copy of the weights must fit the host's free memory, or the baseline is
+    skipped with the figures (a host out of memory would kill the whole bench)."""
+    from tilertc import baselines
+
+    spec, weights = model_and_weights("llama-tiny")
+    need = sum(w.nbytes for w in weights.values())
+    monkeypatch.setattr(baselines, "available_host_bytes", lambda: need)
+    with pytest.raises(BaselineUnavailable, match="needs ~.* of host memory .* is available"):
+        HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)
+    monkeypatch.setattr(baselines, "available_host_bytes", lambda: 2 * need)
+    HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)  # fits: builds
+
+
+def test_available_host_bytes_is_plausible() -> None:
+    from tilertc.baselines import available_host_bytes
+
+    free = available_host_bytes()
+    assert free is None or 1 << 20 < free < 1 << 50
+
+
 def test_kernel_per_op_attention_length_beyond_position_is_masked() -> None:
     """A graph captured for a bucket of context lengths reads more cache rows than are written;
     the rows past the position must not change the result."""
