@@ -2,10 +2,13 @@
 # Everything the GPU should confirm, in stages that each fit one call of a lent GPU machine
 # (10 minutes):
 #
-#   bash tools/gpu_check.sh [STAGE ...]      STAGE: tests, sanitize, bench (default: all three)
+#   bash tools/gpu_check.sh [STAGE ...]      STAGE: tests, full, tp, sanitize, bench
+#                                            (default: tests, sanitize, bench)
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
-#   tests     the `gpu` tests;
+#   tests     the `gpu` tests but the full-size and tensor-parallel ones;
+#   full      the full-size ones (DeepSeek-V3 / V3.2 / GLM-5 layers; a few minutes each);
+#   tp        the tensor-parallel ones (on a machine with two GPUs);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny models
 #             (tools/sanitize_decode.py), two runs at a time;
 #   bench     a short `tilertc bench` of llama-3.2-1b with its profile.
@@ -20,8 +23,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        tests | sanitize | bench) ;;
-        *) echo "unknown stage '$stage' (tests, sanitize, bench)"; exit 2 ;;
+        tests | full | tp | sanitize | bench) ;;
+        *) echo "unknown stage '$stage' (tests, full, tp, sanitize, bench)"; exit 2 ;;
     esac
 done
 
@@ -29,10 +32,17 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt
     { echo "install failed: $out/install.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-tests() {
-    timeout 540 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider >"$out/pytest.txt" 2>&1
-    echo "gpu tests (rc $?): $(tail -1 "$out/pytest.txt")"
+# The `gpu` tests selected by a pytest -k expression, logged to $out/pytest-NAME.txt.
+gpu_tests() {
+    local name=$1 select=$2
+    timeout 540 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider -k "$select" \
+        >"$out/pytest-$name.txt" 2>&1
+    echo "gpu tests, $name (rc $?): $(tail -1 "$out/pytest-$name.txt")"
 }
+
+tests() { gpu_tests tests "not full_size and not tp_"; }
+full() { gpu_tests full "full_size"; }
+tp() { gpu_tests tp "tp_"; }
 
 # One tool on one entry: a model and its sanitize_decode.py arguments.
 sanitize_one() {
