@@ -126,12 +126,13 @@ def copy_cache(m: dict[str, Any], state: dict[str, torch.Tensor], pos: torch.Ten
         for name in names.values():
             b = m["buffers"][name]
             dst = kv[b["offset"] : b["offset"] + b["numel"]]
-            src = state[name][pos].to(kv.device)  # under tp, a rank's GPU is not the interpreter's
+            # rounded to the arena's bf16 first, then moved (under tp, a rank's GPU is not the
+            # interpreter's): half the bytes across
+            src, at = state[name][pos].to(torch.bfloat16).to(kv.device), pos.to(kv.device)
             if "latent" in names:
-                dst.view(state[name].shape)[pos.to(kv.device)] = src.to(torch.bfloat16)
+                dst.view(state[name].shape)[at] = src
             else:  # src [n, kvh, hd]
-                dst = dst.view(cfg["n_kv_heads"], -1, cfg["head_dim"])
-                dst[:, pos.to(kv.device)] = src.transpose(0, 1).to(torch.bfloat16)
+                dst.view(cfg["n_kv_heads"], -1, cfg["head_dim"])[:, at] = src.transpose(0, 1)
 
 
 def ranks(m: dict[str, Any]) -> int:

@@ -294,6 +294,15 @@ static void select_command() {
   std::printf("%s\n", std::string(out.begin(), out.end()).c_str());
 }
 
+// `n` floats from stdin, each given as its bit pattern (exact, unlike a decimal print).
+static void read_float_bits(float* dst, int n) {
+  for (int i = 0; i < n; ++i) {
+    unsigned b;
+    std::scanf("%u", &b);
+    dst[i] = __uint_as_float(b);
+  }
+}
+
 static void sample_command() {
   int vocab, tasks;
   unsigned temp_bits, top_p_bits;
@@ -301,11 +310,7 @@ static void sample_command() {
   unsigned long long seed;
   std::scanf("%d %d %u %lld %u %llu %lld", &vocab, &tasks, &temp_bits, &top_k, &top_p_bits, &seed, &pos);
   std::vector<float> logits(vocab);
-  for (auto& x : logits) {
-    unsigned b;
-    std::scanf("%u", &b);
-    x = __uint_as_float(b);
-  }
+  read_float_bits(logits.data(), vocab);
   SampleArgs args{__uint_as_float(temp_bits), __uint_as_float(top_p_bits), top_k, seed};
   std::vector<float> act(2 * tasks + tasks * (2 + 2 * SAMPLE_SLOTS), NAN);  // argmax_partials | sample_partials
   int status[8] = {}, tokens[1] = {}, host_tokens[1] = {}, host_count = 0, host_stop = 0;
@@ -364,11 +369,7 @@ static void sample_command() {
 static void route_command() {
   const int inputs = MOE_EXPERTS * (1 + MOE_BIAS);
   std::vector<float> act(inputs + 2 * MOE_TOP_K, NAN);  // logits | bias | ids | weights
-  for (int e = 0; e < inputs; ++e) {
-    unsigned b;
-    std::scanf("%u", &b);
-    act[e] = __uint_as_float(b);
-  }
+  read_float_bits(act.data(), inputs);
   Params p{};
   p.act = act.data();
   int t[TASK_FIELDS] = {};
@@ -389,11 +390,7 @@ static void dsa_topk_command() {
   int n;
   std::scanf("%d", &n);
   std::vector<float> act(n + DSA_TOPK, NAN);  // scores | ids
-  for (int i = 0; i < n; ++i) {
-    unsigned b;
-    std::scanf("%u", &b);
-    act[i] = __uint_as_float(b);
-  }
+  read_float_bits(act.data(), n);
   Params p{};
   p.act = act.data();
   std::vector<float> red(MISC_FLOATS, NAN);
