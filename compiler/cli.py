@@ -84,7 +84,7 @@ def kv_capacity(spec: ModelSpec, max_seq_len: int | None) -> int:
 
 WEIGHT_DTYPE = click.option(
     "--weight-dtype", type=click.Choice(WEIGHT_DTYPES), default=None,
-    help="Projection weights: fp8 (e4m3, one fp32 scale per 128x128 block; dense models) or "
+    help="Projection weights: fp8 (e4m3, one fp32 scale per 128x128 block; every family) or "
     "bf16 [default: the config's own, bf16 unless it has an FP8 quantization_config].")
 
 
