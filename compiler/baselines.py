@@ -44,14 +44,16 @@ class BaselineResult:
     tokens_per_s: float  # from the median
     bytes_per_token: int | None = None  # weight bytes one step reads, where known
     tokens: tuple[int, ...] = field(default=(), repr=False)  # greedy ids, to cross-check runs
+    logits: tuple[torch.Tensor, ...] = field(default=(), repr=False)  # each token's, when kept
 
     @classmethod
     def from_seconds(cls, name: str, seconds: Sequence[float], bytes_per_token: int | None = None,
-                     tokens: Sequence[int] = ()) -> BaselineResult:
+                     tokens: Sequence[int] = (),
+                     logits: Sequence[torch.Tensor] = ()) -> BaselineResult:
         ms = 1e3 * np.asarray(seconds, dtype=np.float64)
         median = float(np.median(ms))
         return cls(name, median, float(np.percentile(ms, 90)), 1e3 / median, bytes_per_token,
-                   tuple(tokens))
+                   tuple(tokens), tuple(logits))
 
     @property
     def bytes_per_s(self) -> float | None:
@@ -87,7 +89,8 @@ Stepper = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
 @dataclass
 class GreedyDecode:
     tokens: list[int]  # the token chosen after the prompt, then one per step
-    logits: list[torch.Tensor]  # per step (float32, CPU), when kept
+    logits: list[torch.Tensor]  # each token's (the prefill's last, then one per step;
+    # float32, CPU), when kept
     seconds: list[float]  # per step
 
 
@@ -99,7 +102,8 @@ def greedy_decode(model: StepModel, prompt: Sequence[int], n_steps: int,
     step = stepper or model.step
     token = prefill_logits.argmax(-1, keepdim=True)
     pos = torch.tensor([len(prompt)], device=device)
-    out = GreedyDecode([int(token.item())], [], [])
+    out = GreedyDecode([int(token.item())], [prefill_logits.float().cpu()] if keep_logits else [],
+                       [])
     for i in range(n_steps):
         start = time.perf_counter()
         logits = step(token, pos, len(prompt) + i + 1)
@@ -262,15 +266,18 @@ def weight_bytes_per_token(spec: ModelSpec, dtype: torch.dtype = torch.bfloat16)
 
 
 def run_decode_baseline(name: str, model: StepModel, prompt: Sequence[int], n_tokens: int,
-                        warmup: int, graphed: bool, bytes_per_token: int | None) -> BaselineResult:
-    """Decode `warmup + n_tokens` steps and time the last `n_tokens`."""
+                        warmup: int, graphed: bool, bytes_per_token: int | None,
+                        keep_logits: bool = False) -> BaselineResult:
+    """Decode `warmup + n_tokens` steps and time the last `n_tokens` (and keep each token's
+    logits, to cross-check the baseline's numbers, with `keep_logits`)."""
     with torch.no_grad():
         stepper = None
         if graphed:
             first = len(prompt) + 1
             stepper = CUDAGraphStepper(model, range(first, first + warmup + n_tokens))
-        run = greedy_decode(model, prompt, warmup + n_tokens, stepper)
-    return BaselineResult.from_seconds(name, run.seconds[warmup:], bytes_per_token, run.tokens)
+        run = greedy_decode(model, prompt, warmup + n_tokens, stepper, keep_logits)
+    return BaselineResult.from_seconds(name, run.seconds[warmup:], bytes_per_token, run.tokens,
+                                       run.logits)
 
 
 def hf_eager(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Sequence[int],
@@ -295,7 +302,8 @@ def hf_cuda_graph(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Seq
 
 def kernel_per_op(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Sequence[int],
                   n_tokens: int, device: str | torch.device = "cuda",
-                  dtype: torch.dtype = torch.bfloat16, warmup: int = 3) -> BaselineResult:
+                  dtype: torch.dtype = torch.bfloat16, warmup: int = 3,
+                  keep_logits: bool = False) -> BaselineResult:
     """The hand-written kernel-per-op step; captured in CUDA graphs on a CUDA device."""
     try:
         model = KernelPerOpModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device,
@@ -305,7 +313,7 @@ def kernel_per_op(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Seq
     graphed = model.device.type == "cuda"
     name = "kernel-per-op-cuda-graph" if graphed else "kernel-per-op-eager"
     return run_decode_baseline(name, model, prompt, n_tokens, warmup, graphed,
-                               weight_bytes_per_token(spec, dtype))
+                               weight_bytes_per_token(spec, dtype), keep_logits)
 
 
 def bandwidth_ceiling(bytes_per_token: int, device: str | torch.device = "cuda",

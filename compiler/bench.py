@@ -43,6 +43,7 @@ from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.profile import StepProfile, op_table, print_op_table, profile_engine
+from tilertc.route_check import check_routes
 
 SYSTEMS = ("tilertc", "hf-eager", "hf-graph", "kernel-per-op")
 BASELINES: dict[str, Callable[..., baselines.BaselineResult]] = {
@@ -256,20 +257,29 @@ def free_gpu() -> None:
 
 
 def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: int) -> GateReport:
-    """The kernel, the interpreter and the kernel-per-op baseline over one short greedy run."""
+    """The kernel, the interpreter and the kernel-per-op baseline over one short greedy run.
+    With MoE or a DSA indexer the interpreter keeps its caches in bf16 as the kernel does
+    (their discrete choices would otherwise see the cache's rounding), and a step the kernel
+    routed differently within a tie (`route_check`) is not compared; one routed differently
+    outside a tie fails the gate."""
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, engine.spec.vocab_size, (GATE_PROMPT,), generator=gen)
     engine.position = 0
     engine.prefill(prompt[:-1])
-    ref = engine.reference()
-    ref.run(prompt[:-1], torch.arange(GATE_PROMPT - 1))
-    token, tokens, got, want = int(prompt[-1]), [], [], []
+    moe = any(op.opcode == "moe_router" for op in engine.graph.ops())
+    ref = engine.reference(torch.bfloat16 if moe or engine.spec.indexer else None)
+    token, tokens, got, want, tied, misrouted = int(prompt[-1]), [], [], [], [], []
     for i in range(GATE_MAX_STEPS):
-        if i >= GATE_STEPS and sum(clear_margins(torch.stack(want))) >= MIN_CLEAR_STEPS:
+        clear = [c and not t for c, t in zip(clear_margins(torch.stack(want)), tied,
+                                              strict=True)] if want else []
+        if i >= GATE_STEPS and sum(clear) >= MIN_CLEAR_STEPS:
             break
         nxt, logits = engine.step(token)
-        pos = torch.tensor([GATE_PROMPT - 1 + i])
-        want.append(ref.run(torch.tensor([token]), pos)["logits"][0].float().cpu())
+        env = ref.run(torch.tensor([token]), torch.tensor([GATE_PROMPT - 1 + i]))
+        routes = check_routes(engine, env) if moe else []
+        misrouted += [f"step {i}, {c}" for c in routes if not c.ok]
+        tied.append(not all(c.same for c in routes))
+        want.append(env["logits"][0].float().cpu())
         got.append(logits.float().cpu())
         tokens.append(nxt)
         token = nxt
@@ -277,12 +287,15 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
     free_gpu()
     try:
         kpo = baselines.kernel_per_op(engine.spec, weights, prompt.tolist(), len(tokens) - 1,
-                                      device, warmup=0)
-        baseline_tokens, name = list(kpo.tokens), kpo.name
+                                      device, warmup=0, keep_logits=True)
+        baseline_tokens, baseline_logits, name = list(kpo.tokens), torch.stack(kpo.logits), kpo.name
     except baselines.BaselineUnavailable:
-        baseline_tokens, name = None, None
+        baseline_tokens, baseline_logits, name = None, None, None
     free_gpu()
-    return check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name)
+    report = check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name,
+                          tied=tied, baseline_logits=baseline_logits)
+    report.problems += [f"{m}: routed differently outside a tie" for m in misrouted]
+    return report
 
 
 def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,

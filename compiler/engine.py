@@ -464,10 +464,15 @@ class Engine:
         return self._interp
 
     def reference(self, cache_dtype: torch.dtype | None = None) -> Interpreter:
-        """The interpreter over the engine's weights on its GPU, with an empty KV cache (float32,
-        or `cache_dtype`): what the kernel is checked against. It shares the weights the
-        prefill interpreter put on the device."""
-        return self._prefill_interpreter().fresh(cache_dtype)
+        """The interpreter over the engine's weights on its GPU, holding the caches the engine's
+        prefills computed (in float32, or rounded to `cache_dtype` as the kernel's copy is):
+        what the kernel's next steps are checked against. It shares the weights the prefill
+        interpreter put on the device."""
+        prefill = self._prefill_interpreter()
+        ref = prefill.fresh(cache_dtype)
+        for name, cache in ref.state.items():
+            cache.copy_(prefill.state[name])
+        return ref
 
     def _copy_cache(self, pos: torch.Tensor) -> None:
         copy_cache(self.m, self._interp.state, pos, self.kv)

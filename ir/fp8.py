@@ -56,7 +56,7 @@ def quantize(weight: torch.Tensor, block: tuple[int, int],
     w = weight.float()
     rows, cols = w.shape
     gr, gc = scale_shape((rows, cols), block)
-    padded = torch.zeros(gr * block[0], gc * block[1])
+    padded = torch.zeros(gr * block[0], gc * block[1], device=w.device)
     padded[:rows, :cols] = w
     amax = padded.reshape(gr, block[0], gc, block[1]).abs().amax(dim=(1, 3))
     scale_inv = torch.where(amax > 0, amax / FP8_E4M3_MAX, torch.ones_like(amax))

@@ -60,7 +60,8 @@ def random_weights(
             w = std * torch.randn(t.shape, generator=gen, device=device)
         if "scale_inv" in t.attrs:
             scale_name = graph.tensors[t.attrs["scale_inv"]].hf_name
-            out[t.hf_name], out[scale_name] = quantize(w.cpu(), tuple(t.attrs["block"]), ue8m0)
+            q, scale = quantize(w, tuple(t.attrs["block"]), ue8m0)  # where drawn: fast on a GPU
+            out[t.hf_name], out[scale_name] = q.cpu(), scale.cpu()
         else:
             out[t.hf_name] = w.to(torch.float32 if t.dtype == "fp32" else dtype).cpu()
     return out

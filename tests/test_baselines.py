@@ -38,10 +38,10 @@ def model_and_weights(name: str) -> tuple:
 
 
 def reference_decode(spec, weights) -> tuple[list[int], list[torch.Tensor]]:
-    """Greedy tokens and per-step logits of the interpreter, the oracle."""
+    """Greedy tokens and the logits each was chosen from, of the interpreter, the oracle."""
     ref = Reference(spec, weights, max_seq_len=MAX_SEQ)
-    tokens = [int(ref.prefill(PROMPT)[-1].argmax())]
-    logits = []
+    logits = [ref.prefill(PROMPT)[-1]]
+    tokens = [int(logits[0].argmax())]
     for _ in range(STEPS):
         logits.append(ref.decode(tokens[-1]))
         tokens.append(int(logits[-1].argmax()))

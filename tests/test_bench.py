@@ -225,6 +225,24 @@ def test_gate_refuses_a_baseline_that_parts_on_a_clear_margin() -> None:
     assert report.baseline_tokens_compared == 4
 
 
+def test_gate_judges_a_bf16_baseline_by_its_logits() -> None:
+    """A baseline whose logits are the interpreter's within a bf16 engine's error may part from
+    the kernel even on a clear margin (a flip at its precision): judged by its logits, up to and
+    including the parting step; one decoding another model fails on its logits."""
+    kernel, ref, tokens = planted_run()
+    gen = torch.Generator().manual_seed(1)
+    noisy = ref + 0.06 * ref.norm(dim=-1, keepdim=True) / ref.shape[1] ** 0.5 * torch.randn(
+        ref.shape, generator=gen)
+    parted = [*tokens[:4], (tokens[4] + 1) % ref.shape[1], 0, 0, 0]
+    report = check_decode(kernel, ref, tokens, parted, "kpo", baseline_logits=noisy)
+    assert report.passed, report.problems
+    assert report.baseline_diverged_at == 4 and 0.04 < report.baseline_max_rel_err < 0.08
+    other = torch.randn(ref.shape, generator=gen)
+    problems = check_decode(kernel, ref, tokens, parted, "kpo", baseline_logits=other).problems
+    assert [p.split(":")[0] for p in problems] == [f"step {i}" for i in range(5)]
+    assert all("kpo's logits differ" in p for p in problems)
+
+
 def test_gate_lets_a_baseline_part_on_a_tie() -> None:
     kernel, ref, tokens = planted_run()
     runner_up = (tokens[4] + 1) % kernel.shape[1]
@@ -233,6 +251,22 @@ def test_gate_lets_a_baseline_part_on_a_tie() -> None:
     report = check_decode(kernel, ref, tokens, baseline, "kpo")
     assert report.passed, report.problems
     assert report.baseline_diverged_at == 4 and report.baseline_tokens_compared == 4
+
+
+def test_gate_skips_a_step_routed_otherwise_within_a_tie() -> None:
+    """A step whose MoE routing differs within a tie runs other experts by design: its logits
+    and token are not compared, and it is reported; the same step without the tie fails."""
+    kernel, ref, tokens = planted_run()
+    other = (tokens[3] + 1) % kernel.shape[1]
+    kernel[3] = 0.5 * torch.randn(kernel.shape[1])
+    kernel[3, other] = 12.0
+    tokens[3] = other
+    tied = [i == 3 for i in range(len(tokens))]
+    report = check_decode(kernel, ref, tokens, tied=tied)
+    assert report.passed, report.problems
+    assert report.tied_steps == [3] and report.clear_steps == len(tokens) - 1
+    assert report.max_rel_err < 2e-2
+    assert {p.split(":")[0] for p in check_decode(kernel, ref, tokens).problems} == {"step 3"}
 
 
 def test_gate_needs_clear_steps() -> None:
@@ -509,7 +543,8 @@ class InterpreterEngine:
     """What `tilertc.bench` uses of an `Engine`, computed by the interpreter on the CPU; with
     `corrupt`, the logits of one step are off, as a broken kernel's would be."""
 
-    def __init__(self, name: str, max_seq_len: int = 128, corrupt_step: int | None = None):
+    def __init__(self, name: str, max_seq_len: int = 128, corrupt_step: int | None = None,
+                 misroute_step: int | None = None):
         from tilertc import build_graph
         from tilertc.ir.interpreter import Interpreter
         from tilertc.ir.weights import random_weights
@@ -520,10 +555,28 @@ class InterpreterEngine:
         self.device = torch.device("cpu")
         self.interp = Interpreter(self.graph, self.weights, "cpu")
         self.position, self.steps, self.corrupt_step = 0, 0, corrupt_step
+        self.misroute_step, self.env = misroute_step, {}
         self.prefills: list[int] = []
 
-    def reference(self):
-        return self.interp.fresh()
+    def reference(self, cache_dtype: torch.dtype | None = None):
+        ref = self.interp.fresh(cache_dtype)
+        for name, cache in ref.state.items():
+            cache.copy_(self.interp.state[name])
+        return ref
+
+    def routing(self) -> dict[int, tuple[list[int], list[float]]]:
+        """The last step's routing; with `misroute_step`, that step's first choice replaced by
+        the expert its router scored lowest."""
+        out = {}
+        for op in self.graph.ops():
+            if op.opcode == "moe_router":
+                ids = self.env[op.outputs[0]][0].tolist()
+                if self.steps - 1 == self.misroute_step:
+                    scores = self.env[op.inputs[0]][0] @ self.weights[
+                        self.graph.tensors[op.inputs[1]].hf_name].float().T
+                    ids[0] = int(scores.argmin())
+                out[op.layer] = (ids, self.env[op.outputs[1]][0].tolist())
+        return out
 
     def prefill(self, ids: torch.Tensor) -> None:
         self.interp.run(ids, torch.arange(self.position, self.position + ids.numel()))
@@ -531,8 +584,8 @@ class InterpreterEngine:
         self.prefills.append(ids.numel())
 
     def step(self, token: int) -> tuple[int, torch.Tensor]:
-        logits = self.interp.run(torch.tensor([token]),
-                                 torch.tensor([self.position]))["logits"][0]
+        self.env = self.interp.run(torch.tensor([token]), torch.tensor([self.position]))
+        logits = self.env["logits"][0]
         if self.steps == self.corrupt_step:
             logits = logits + logits.abs().max() * torch.randn(logits.shape)
         self.position += 1
@@ -558,6 +611,19 @@ def test_gate_glue_refuses_a_kernel_with_wrong_logits() -> None:
     engine = InterpreterEngine("llama-tiny", corrupt_step=5)
     report = run_gate(engine, engine.weights, "cpu", seed=0)
     assert any(p.startswith("step 5: the kernel's logits differ") for p in report.problems)
+
+
+def test_gate_glue_checks_moe_routing() -> None:
+    """An MoE model: the gate compares the kernel's routing with the interpreter's at every
+    step; one expert swapped for the router's lowest-scored one fails it."""
+    engine = InterpreterEngine("qwen3-moe-tiny")
+    report = run_gate(engine, engine.weights, "cpu", seed=0)
+    assert report.passed, report.problems
+    assert report.tied_steps == [] and report.baseline is None  # no kernel-per-op MoE engine
+    engine = InterpreterEngine("qwen3-moe-tiny", misroute_step=2)
+    problems = run_gate(engine, engine.weights, "cpu", seed=0).problems
+    assert problems and all(p.startswith("step 2, layer ") and "outside a tie" in p
+                            for p in problems)
 
 
 def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> None:
@@ -590,15 +656,13 @@ class FlatLogitsEngine(InterpreterEngine):
         self.steps += 1
         return int(logits.argmax()), logits
 
-    def reference(self):
+    def reference(self, _cache_dtype: torch.dtype | None = None):
         engine = self
 
         class Reference:
             steps = 0
 
             def run(self, tokens: torch.Tensor, _positions: torch.Tensor):
-                if tokens.numel() > 1:  # the prefill
-                    return {}
                 self.steps += 1
                 return {"logits": flat_logits(self.steps - 1, engine.spec.vocab_size)}
 

@@ -54,9 +54,9 @@ import torch
 
 import tilertc
 from tilertc.driver import CompileOptions, compile
-from tilertc.engine import Engine, TensorParallelEngine
+from tilertc.engine import Engine
 from tilertc.ir.sampling import SamplingParams, sample
-from tilertc.passes.task_semantics_moe import local_routes
+from tilertc.route_check import check_routes
 
 pytestmark = pytest.mark.gpu
 
@@ -140,13 +140,6 @@ def forced_steps(engine: Engine, seed: int, cache_dtype: torch.dtype | None = No
     engine.position = 0
     engine.prefill(prompt)
     ref = engine.reference(cache_dtype)
-    if cache_dtype is None:
-        ref.run(prompt, torch.arange(prefill))
-    else:
-        full = engine.reference()
-        full.run(prompt, torch.arange(prefill))
-        for name, cache in ref.state.items():
-            cache.copy_(full.state[name])
     for i, tok in enumerate(feed.tolist()):
         got_tok, got = engine.step(tok)
         yield i, got_tok, got, ref.run(torch.tensor([tok]), torch.tensor([prefill + i]))
@@ -165,7 +158,7 @@ def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = ST
     cache = torch.bfloat16 if engine.spec.indexer or routers else None
     for i, got_tok, got, env in forced_steps(engine, 7, cache, prefill, steps):
         assert got_tok == int(got.argmax()), "the kernel's token is not the argmax of its logits"
-        if not all(routed_as_interpreter(engine, routers, env, i)):
+        if not all(routed_as_interpreter(engine, env, i)):
             tied += 1
             continue
         want = env["logits"][0]
@@ -208,86 +201,13 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
     assert looped == stepped
 
 
-ROUTING_TIE = 1e-4  # router scores this close may be ordered either way by fp32 rounding
-
-
-def selection_values(engine: Engine, op, env: dict[str, torch.Tensor]
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What the interpreter's router selected by: each expert's score (softmax or sigmoid)
-    plus the correction bias, and with group-limited routing each expert's group's score (the
-    sum of its two best values), as ir/moe.py: route computes them."""
-    a, x = op.attrs, env[op.inputs[0]][0].float()
-
-    def weight(i: int) -> torch.Tensor:  # the engine keeps its checkpoint on the host
-        return engine.weights[engine.graph.tensors[op.inputs[i]].hf_name].float().to(x.device)
-
-    logits = x @ weight(1).T
-    choice = logits.softmax(-1) if a["scoring"] == "softmax" else logits.sigmoid()
-    if len(op.inputs) > 2:
-        choice = choice + weight(2)
-    if a["topk_group"] >= a["n_group"]:
-        return choice, None
-    grouped = choice.reshape(a["n_group"], -1)
-    return choice, grouped.topk(2, -1).values.sum(-1).repeat_interleave(grouped.shape[1])
-
-
-def routed_as_interpreter(engine: Engine, routers: list, env: dict[str, torch.Tensor],
-                          step: int) -> list[bool]:
-    """Per router of the last step: whether its expert ids (best first) are the interpreter's,
-    and then its combine weights too, to fp32 rounding. Where they differ, the interpreter's own
-    selection values (or, for group-limited routing, the scores of the two experts' groups) at
-    the first place they differ must be within rounding of a tie."""
-    if isinstance(engine, TensorParallelEngine):
-        return [tp_routed_as_interpreter(engine, op, env, step) for op in routers]
-    routing, same = engine.routing(), []
-    for op in routers:
-        got, got_w = routing[op.layer]
-        want = env[op.outputs[0]][0].tolist()
-        same.append(got == want)
-        if got == want:
-            assert np.allclose(got_w, env[op.outputs[1]][0].cpu().numpy(), rtol=1e-3, atol=1e-6)
-            continue
-        choice, group = selection_values(engine, op, env)
-        place = next(j for j, (a, b) in enumerate(zip(got, want, strict=True)) if a != b)
-        e, f = got[place], want[place]
-        close = min(abs(float(v[e] - v[f])) for v in (choice, group) if v is not None)
-        assert close <= ROUTING_TIE, (
-            f"step {step}, layer {op.layer}: kernel experts {got}, interpreter {want} "
-            f"(selection values differ by {close:.3g})")
-    return same
-
-
-def tp_routed_as_interpreter(engine: TensorParallelEngine, op, env: dict[str, torch.Tensor],
-                             step: int) -> bool:
-    """Under expert parallelism: whether every rank's slots (its chosen experts best first as
-    indices among its own, -1 after them) are the interpreter's routing as that rank keeps it
-    (`local_routes`), and then their combine weights too. Where they differ, each expert the
-    ranks chose and the interpreter did not must be within rounding of a tie with one the
-    interpreter chose instead."""
-    local = engine.m["tp"]["experts_per_rank"]
-    a = op.attrs
-    attrs = {"num_experts": a["num_experts"], "top_k": a["top_k"], "slots": min(a["top_k"], local)}
-    ids, weights = env[op.outputs[0]].cpu(), env[op.outputs[1]].cpu()
-    chosen, same = set(), True
-    for r, e in enumerate(engine.engines):
-        got, got_w = (v[:attrs["slots"]] for v in e.routing()[op.layer])
-        want, want_w = local_routes(ids, weights, {**attrs, "local_experts": [r * local,
-                                                                            (r + 1) * local]})
-        chosen |= {g + r * local for g in got if g >= 0}
-        if got == want.tolist():
-            assert np.allclose(got_w, want_w.numpy(), rtol=1e-3, atol=1e-6)
-        else:
-            same = False
-    if not same:
-        choice, group = selection_values(engine, op, env)
-        wanted = set(ids[0].tolist())
-        for e in chosen - wanted:
-            close = min(abs(float(v[e] - v[f])) for f in wanted - chosen
-                        for v in (choice, group) if v is not None)
-            assert close <= ROUTING_TIE, (
-                f"step {step}, layer {op.layer}: the ranks chose experts {sorted(chosen)}, the "
-                f"interpreter {sorted(wanted)} (selection values differ by {close:.3g})")
-    return same
+def routed_as_interpreter(engine: Engine, env: dict[str, torch.Tensor], step: int) -> list[bool]:
+    """Per MoE layer of the last step: whether the kernel routed it as the interpreter did;
+    where not, the difference must be within rounding of a tie (`route_check.check_routes`)."""
+    checks = check_routes(engine, env)
+    bad = [str(c) for c in checks if not c.ok]
+    assert not bad, f"step {step}: " + "; ".join(bad)
+    return [c.same for c in checks]
 
 
 def check_routing(engine: Engine, steps: int = STEPS) -> None:
@@ -298,7 +218,7 @@ def check_routing(engine: Engine, steps: int = STEPS) -> None:
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
     compared = 0
     for i, _, _, env in forced_steps(engine, 17, torch.bfloat16, steps=steps):
-        compared += sum(routed_as_interpreter(engine, routers, env, i))
+        compared += sum(routed_as_interpreter(engine, env, i))
     assert compared >= 0.9 * steps * len(routers), "too many routing decisions within a tie"
 
 
