@@ -9,9 +9,10 @@ Attention is tiled by KV head group (a task owns the query heads that share one 
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
 over the group count (capped). The chunks' partial softmax results are merged by the last
-chunk task of the group to finish, which alone signals the op; it stages every chunk's result
-in shared memory, so the chunk count is also capped to keep that within a third of it (with
-many query heads per group, e.g. Qwen3-30B-A3B's 8, the ring would otherwise starve).
+chunk task of the group to finish, which alone signals the op; it stages the chunks' results in
+shared memory a batch at a time (`merge_chunks` of them, as many as fit a third of it: with
+many query heads per group, e.g. Qwen3-30B-A3B's 8 of 128 dims, 17 of its 32 chunks), so that
+the chunk count follows the SMs, not shared memory, and the ring keeps the rest.
 MLA attention is tiled the same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all
 share the latent cache; the group size bounds what a task stages), over the context or, with
 DSA, over the top-k list. The DSA indexer's scores are tiled by context chunk. The routed
@@ -208,6 +209,21 @@ def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
                    "group to finish merges it")
 
 
+def _tile_attention(program: Program, op) -> None:
+    """GQA attention by KV group and context chunk; the merge stages `merge_chunks` chunk
+    results at a time, besides the chunk's own result (one more)."""
+    a = op.attrs
+    hd, group = a["head_dim"], a["n_heads"] // a["n_kv_heads"]
+    _tile_chunked(program, op, a["n_kv_heads"], group, program.graph.attrs["max_seq_len"],
+                  2 * hd * 2, "KV groups")
+    fit = program.target.smem_per_block // MERGE_SMEM_SHARE // (group * (hd + 2) * 4) - 1
+    tile = op.attrs["tile"]
+    tile["merge_chunks"] = max(1, min(tile["chunks"], fit))
+    if tile["merge_chunks"] < tile["chunks"]:
+        program.decide("tiling", f"{op.name}: the merge stages {tile['merge_chunks']} of the "
+                       f"{tile['chunks']} chunk results at a time (a third of shared memory)")
+
+
 def _tile_mla_attention(program: Program, op) -> None:
     a, seq = op.attrs, program.graph.attrs["max_seq_len"]
     heads = max(d for d in range(1, min(a["n_heads"], MLA_HEADS_PER_TASK) + 1)
@@ -241,11 +257,7 @@ def tile(program: Program) -> Program:
         elif op.opcode == "ffn_split_k":
             _tile_split_k(program, op)
         elif op.opcode == "attention":
-            a = op.attrs
-            hd, group = a["head_dim"], a["n_heads"] // a["n_kv_heads"]
-            merge = program.target.smem_per_block // MERGE_SMEM_SHARE // (group * (hd + 2) * 4)
-            _tile_chunked(program, op, a["n_kv_heads"], group, program.graph.attrs["max_seq_len"],
-                          2 * hd * 2, "KV groups", min(MAX_ATTENTION_CHUNKS, merge - 1))
+            _tile_attention(program, op)
         elif op.opcode == "mla_attention":
             _tile_mla_attention(program, op)
         elif op.opcode == "dsa_score":

@@ -210,6 +210,7 @@ def _gqa(attn: dict, seq: int) -> dict[str, object]:
         "N_KV_HEADS": attn["n_kv_heads"],
         "HEAD_DIM": hd,
         "GROUP": group,
+        "ATTN_MERGE_CHUNKS": attn["tile"]["merge_chunks"],
         "MAX_SEQ": seq,
         "QK_NORM": int(attn["qk_norm"]),
         "QK_NORM_EPS": f"{attn['eps']!r}f" if attn["qk_norm"] else "0.0f",

@@ -1645,24 +1645,56 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * PART;
   for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) __stcg(parts + c * PART + i, out[i]);
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
-  // Merge the group's chunks: stage all their results in shared memory at once, then combine.
-  float* all = out + PART;  // [chunks][PART]
-  for (int i = ct; i < chunks * PART; i += COMPUTE_WARPS * 32) all[i] = __ldcg(parts + i);
+  // Merge the group's chunks: every chunk's max and sum per head, and the chunk results
+  // ATTN_MERGE_CHUNKS at a time through shared memory (passes/tiling.py: as many as fit a third
+  // of it; the first batch is staged with the maxima and sums, in one round trip to L2), each
+  // output summed over the chunks in order.
+  float* stats = out + PART;                  // [chunks][GROUP][2]: max, sum
+  float* batch = stats + 2 * chunks * GROUP;  // [ATTN_MERGE_CHUNKS][PART]
+  const auto stage = [&](int k0) {
+    const int n = min(ATTN_MERGE_CHUNKS, chunks - k0) * PART;
+    for (int i = ct; i < n; i += COMPUTE_WARPS * 32) batch[i] = __ldcg(parts + k0 * PART + i);
+  };
+  for (int i = ct; i < chunks * GROUP; i += COMPUTE_WARPS * 32) {
+    const float* pk = parts + (i / GROUP) * PART + (i % GROUP) * (HEAD_DIM + 2) + HEAD_DIM;
+    stats[2 * i] = __ldcg(pk);
+    stats[2 * i + 1] = __ldcg(pk + 1);
+  }
+  stage(0);
   compute_sync();
-  float* o = p.act + t[F_OUT] + g * GROUP * HEAD_DIM;
-  for (int i = ct; i < GROUP * HEAD_DIM; i += COMPUTE_WARPS * 32) {
-    const int h = i / HEAD_DIM, d = i % HEAD_DIM;
-    float mx = -INFINITY;
-    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, all[k * PART + h * (HEAD_DIM + 2) + HEAD_DIM]);
-    float num = 0.f, den = 0.f;
-    for (int k = 0; k < chunks; ++k) {
-      const float* pk = all + k * PART + h * (HEAD_DIM + 2);
-      if (pk[HEAD_DIM] == -INFINITY) continue;  // an empty chunk (context shorter than the chunk count)
-      const float f = __expf(pk[HEAD_DIM] - mx);
-      num += pk[d] * f;
-      den += pk[HEAD_DIM + 1] * f;
+  constexpr int OUTS = (GROUP * HEAD_DIM + COMPUTE_WARPS * 32 - 1) / (COMPUTE_WARPS * 32);  // a thread's outputs
+  float mx[OUTS], num[OUTS], den[OUTS];
+#pragma unroll
+  for (int e = 0; e < OUTS; ++e) {
+    const int h = min((ct + e * COMPUTE_WARPS * 32) / HEAD_DIM, GROUP - 1);
+    mx[e] = -INFINITY;
+    num[e] = den[e] = 0.f;
+    for (int k = 0; k < chunks; ++k) mx[e] = fmaxf(mx[e], stats[2 * (k * GROUP + h)]);
+  }
+  for (int k0 = 0;;) {
+    const int kn = min(ATTN_MERGE_CHUNKS, chunks - k0);
+#pragma unroll
+    for (int e = 0; e < OUTS; ++e) {
+      const int i = ct + e * COMPUTE_WARPS * 32, h = min(i / HEAD_DIM, GROUP - 1), d = i % HEAD_DIM;
+      for (int k = 0; k < kn; ++k) {
+        const float* st = stats + 2 * ((k0 + k) * GROUP + h);
+        if (st[0] == -INFINITY) continue;  // an empty chunk (context shorter than the chunk count)
+        const float f = __expf(st[0] - mx[e]);
+        num[e] += batch[k * PART + h * (HEAD_DIM + 2) + d] * f;
+        den[e] += st[1] * f;
+      }
     }
-    __stcg(o + i, num / den);
+    k0 += ATTN_MERGE_CHUNKS;
+    if (k0 >= chunks) break;
+    compute_sync();  // every thread is done with the batch before the next overwrites it
+    stage(k0);
+    compute_sync();
+  }
+  float* o = p.act + t[F_OUT] + g * GROUP * HEAD_DIM;
+#pragma unroll
+  for (int e = 0; e < OUTS; ++e) {
+    const int i = ct + e * COMPUTE_WARPS * 32;
+    if (i < GROUP * HEAD_DIM) __stcg(o + i, num[e] / den[e]);
   }
   return true;
 }

@@ -1,0 +1,51 @@
+"""GQA attention's chunk merge (passes/tiling.py: `merge_chunks`; decode.cuh: run_attention).
+
+The last chunk task of a KV group merges every chunk's partial softmax result. It stages them in
+shared memory `merge_chunks` at a time, so that the chunk count follows the SMs rather than what
+fits in a third of shared memory: Qwen3-30B-A3B (4 KV heads, 8 query heads of 128 dims each)
+gets 32 chunks per group instead of 17.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_mla_kernel import assert_step_matches, random_host_step
+
+import tilertc
+from tilertc.ir.target import get_target
+from tilertc.passes import tiling
+from tilertc.passes.pipeline import make_program
+
+
+def attention_tile(name: str) -> dict:
+    program = make_program(tilertc.load_spec(name), "h200", max_seq_len=1152)
+    return program.graph.op("layers.0.attention").attrs["tile"]
+
+
+@pytest.mark.parametrize(("name", "chunks", "merge_chunks"), [
+    ("qwen3-30b-a3b", 32, 17),  # before: 17 chunks, all staged at once
+    ("llama-3.2-1b", 16, 16),  # 132 SMs over 8 groups; every chunk staged at once, as before
+    ("llama-3.1-8b", 16, 16),
+])
+def test_chunks_follow_the_sms_and_the_merge_stages_what_fits(name: str, chunks: int,
+                                                              merge_chunks: int) -> None:
+    tile = attention_tile(name)
+    assert (tile["chunks"], tile["merge_chunks"]) == (chunks, merge_chunks)
+
+
+@pytest.mark.parametrize("prefill", [20, 100])
+def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkeypatch,
+                                                          prefill: int) -> None:
+    """decode.cuh's own step on the host with the merge given room for 3 chunk results: 32
+    chunks merge in 11 batches, the last of 2; at a 20-token prompt 11 chunks are empty."""
+    spec = tilertc.load_spec("qwen3-tiny")
+    group = spec.num_heads // spec.num_kv_heads
+    part_bytes = group * (spec.head_dim + 2) * 4
+    monkeypatch.setattr(tiling, "MERGE_SMEM_SHARE", get_target("h200").smem_per_block
+                        // (4 * part_bytes))
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", prefill)
+    tile = program.graph.op("layers.0.attention").attrs["tile"]
+    assert (tile["chunks"], tile["merge_chunks"]) == (32, 3)
+    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
