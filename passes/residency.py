@@ -111,7 +111,7 @@ def place(program: Program) -> Program:
     attn_floats = max(
         (
             (a["tile"]["merge_chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
-            + 2 * a["tile"]["chunks"] * a["n_heads"] // a["n_kv_heads"]
+            + (2 * a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"]
             + a["n_heads"] // a["n_kv_heads"] * a["head_dim"]
             + 5 * a["head_dim"]
             + a["head_dim"] + 4  # this step's key and value in bf16, 16-byte aligned

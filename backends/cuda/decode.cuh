@@ -1647,10 +1647,12 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge the group's chunks: every chunk's max and sum per head, and the chunk results
   // ATTN_MERGE_CHUNKS at a time through shared memory (passes/tiling.py: as many as fit a third
-  // of it; the first batch is staged with the maxima and sums, in one round trip to L2), each
-  // output summed over the chunks in order.
-  float* stats = out + PART;                  // [chunks][GROUP][2]: max, sum
-  float* batch = stats + 2 * chunks * GROUP;  // [ATTN_MERGE_CHUNKS][PART]
+  // of it; the first batch is staged with the maxima and sums, in one round trip to L2). A
+  // thread per head turns the maxima into each chunk's factor and sums the denominator; then
+  // each output is summed over the chunks in order.
+  float* stats = out + PART;                  // [chunks][GROUP][2]: max, then factor (-1: empty); sum
+  float* den = stats + 2 * chunks * GROUP;    // [GROUP]
+  float* batch = den + GROUP;                 // [ATTN_MERGE_CHUNKS][PART]
   const auto stage = [&](int k0) {
     const int n = min(ATTN_MERGE_CHUNKS, chunks - k0) * PART;
     for (int i = ct; i < n; i += COMPUTE_WARPS * 32) batch[i] = __ldcg(parts + k0 * PART + i);
@@ -1662,26 +1664,30 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   }
   stage(0);
   compute_sync();
-  constexpr int OUTS = (GROUP * HEAD_DIM + COMPUTE_WARPS * 32 - 1) / (COMPUTE_WARPS * 32);  // a thread's outputs
-  float mx[OUTS], num[OUTS], den[OUTS];
-#pragma unroll
-  for (int e = 0; e < OUTS; ++e) {
-    const int h = min((ct + e * COMPUTE_WARPS * 32) / HEAD_DIM, GROUP - 1);
-    mx[e] = -INFINITY;
-    num[e] = den[e] = 0.f;
-    for (int k = 0; k < chunks; ++k) mx[e] = fmaxf(mx[e], stats[2 * (k * GROUP + h)]);
+  if (ct < GROUP) {
+    float mx = -INFINITY, sum = 0.f;
+    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, stats[2 * (k * GROUP + ct)]);
+    for (int k = 0; k < chunks; ++k) {
+      float* st = stats + 2 * (k * GROUP + ct);
+      const bool empty = st[0] == -INFINITY;  // a chunk without keys (context shorter than the chunk count)
+      st[0] = empty ? -1.f : __expf(st[0] - mx);
+      if (!empty) sum += st[1] * st[0];
+    }
+    den[ct] = sum;
   }
+  compute_sync();
+  constexpr int OUTS = (GROUP * HEAD_DIM + COMPUTE_WARPS * 32 - 1) / (COMPUTE_WARPS * 32);  // a thread's outputs
+  float num[OUTS];
+#pragma unroll
+  for (int e = 0; e < OUTS; ++e) num[e] = 0.f;
   for (int k0 = 0;;) {
     const int kn = min(ATTN_MERGE_CHUNKS, chunks - k0);
 #pragma unroll
     for (int e = 0; e < OUTS; ++e) {
       const int i = ct + e * COMPUTE_WARPS * 32, h = min(i / HEAD_DIM, GROUP - 1), d = i % HEAD_DIM;
       for (int k = 0; k < kn; ++k) {
-        const float* st = stats + 2 * ((k0 + k) * GROUP + h);
-        if (st[0] == -INFINITY) continue;  // an empty chunk (context shorter than the chunk count)
-        const float f = __expf(st[0] - mx[e]);
-        num[e] += batch[k * PART + h * (HEAD_DIM + 2) + d] * f;
-        den[e] += st[1] * f;
+        const float f = stats[2 * ((k0 + k) * GROUP + h)];
+        if (f >= 0.f) num[e] += batch[k * PART + h * (HEAD_DIM + 2) + d] * f;
       }
     }
     k0 += ATTN_MERGE_CHUNKS;
@@ -1694,7 +1700,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
 #pragma unroll
   for (int e = 0; e < OUTS; ++e) {
     const int i = ct + e * COMPUTE_WARPS * 32;
-    if (i < GROUP * HEAD_DIM) __stcg(o + i, num[e] / den[e]);
+    if (i < GROUP * HEAD_DIM) __stcg(o + i, num[e] / den[i / HEAD_DIM]);
   }
   return true;
 }
