@@ -29,7 +29,6 @@ import tilertc
 from tilertc.artifact import check_artifact, global_functions, read_manifest
 from tilertc.backends.cuda import codegen
 from tilertc.backends.tilelang.compose import (
-    PAIR_SEAM,
     SEAM,
     CompositionError,
     compose,
@@ -155,20 +154,11 @@ def test_composed_source_keeps_one_global_and_routes_the_seam() -> None:
     simt = SEAM.replace("dot_segment(", "dot_segment_simt(")
     assert src.count(SEAM) == 1 and src.count(simt) == 1  # the dispatcher, then the CUDA loop
     assert src.index(SEAM) < src.index(simt)
-    # a gate/up pair: a tiled length runs each half through dot_segment, others the pair loop
-    pair_loop = ("void dot_segment_pair_simt(const uint4* w, int k8, const float* x, int begin, "
-                 "int end, int lane, float (&y)[2]) {")
-    pair = src[src.index("void dot_segment_pair("):src.index(pair_loop)]
-    assert "case 1:\n      y[0] = dot_segment(w, x," in pair
-    assert "y[1] = dot_segment(w + k8, x," in pair
-    assert "default: dot_segment_pair_simt(" in pair and PAIR_SEAM not in src
 
 
 def test_a_skeleton_without_the_seam_is_refused() -> None:
     with pytest.raises(CompositionError, match="dot_segment seam"):
         compose("__global__ void k() {}\n", [], {})
-    with pytest.raises(CompositionError, match="dot_segment_pair seam"):
-        compose(SEAM + "}\n", [], {})
 
 
 # -- with TileLang: real lowering and artifacts -----------------------------------------------

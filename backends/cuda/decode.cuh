@@ -1085,47 +1085,31 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   }
 }
 
-// The loop every row format shares: a segment's 4-column groups [2 begin, 2 end) of N rows of
-// one format (a gate/up row's two halves: N = 2), lane l taking groups l, l + 32, ..., so that
-// a warp's loads are contiguous (for bf16: 256 B of weights and 512 B of x; a lane reading a
-// whole 16-byte piece would read x at a 32-byte stride, twice the shared-memory wavefronts).
-// Four groups at a time, loads first, into four independent sums per row, so that a page's
-// time on the compute warps (part of its ring slot's time) is short. The N rows share each load
-// of x (for FP8 rows x is 4 bytes of shared memory per weight byte, so a pair's second load of
-// it was most of its shared-memory traffic); a row's sums are the ones N = 1 computes, from
-// the same groups in the same order, so its result does not depend on N. `Row` says how a
-// group's weights are loaded (`load`) and multiplied with 4 inputs (`dot`).
-template <class Row, int N>
-__device__ __forceinline__ void dot_groups(const Row (&row)[N], const float* x, int begin, int end, int lane,
-                                           float (&y)[N]) {
+// The loop every row format shares: a segment's 4-column groups [2 begin, 2 end), lane l taking
+// groups l, l + 32, ..., so that a warp's loads are contiguous (for bf16: 256 B of weights and
+// 512 B of x; a lane reading a whole 16-byte piece would read x at a 32-byte stride, twice the
+// shared-memory wavefronts). Four groups at a time, loads first, into four independent sums,
+// so that a page's time on the compute warps (part of its ring slot's time) is short. `Row`
+// says how a group's weights are loaded (`load`) and multiplied with 4 inputs (`dot`).
+template <class Row>
+__device__ __forceinline__ float dot_groups(const Row& row, const float* x, int begin, int end, int lane) {
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  float acc[N][4];
-#pragma unroll
-  for (int n = 0; n < N; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int i = 2 * begin + lane;
   const int stop = 2 * end;
   for (; i + 96 < stop; i += 128) {
-    typename Row::Group q[N][4];
+    typename Row::Group q[4];
     float4 a[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) q[n][u] = row[n].load(i + 32 * u);
+      q[u] = row.load(i + 32 * u);
       a[u] = x4[i + 32 * u];
     }
 #pragma unroll
-    for (int n = 0; n < N; ++n) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) acc[n][u] = Row::dot(q[n][u], a[u], acc[n][u]);
-    }
+    for (int u = 0; u < 4; ++u) acc[u] = Row::dot(q[u], a[u], acc[u]);
   }
-  for (; i < stop; i += 32) {
-    const float4 a = x4[i];
-#pragma unroll
-    for (int n = 0; n < N; ++n) acc[n][0] = Row::dot(row[n].load(i), a, acc[n][0]);
-  }
-#pragma unroll
-  for (int n = 0; n < N; ++n) y[n] = warp_sum((acc[n][0] + acc[n][1]) + (acc[n][2] + acc[n][3]));
+  for (; i < stop; i += 32) acc[0] = Row::dot(row.load(i), x4[i], acc[0]);
+  return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
 }
 
 // A bf16 row: a group is 4 weights, 8 bytes.
@@ -1144,18 +1128,7 @@ struct Bf16Row {
 
 // Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
 __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
-  const Bf16Row row[1] = {{reinterpret_cast<const uint2*>(w)}};
-  float y[1];
-  dot_groups(row, x, begin, end, lane, y);
-  return y[0];
-}
-
-// dot_segment of a gate/up row's two bf16 halves, the up half k8 pieces after the gate half, in
-// one pass over x: y = {gate, up}, each bit for bit its dot_segment.
-__device__ __forceinline__ void dot_segment_pair(const uint4* w, int k8, const float* x, int begin, int end, int lane,
-                                                 float (&y)[2]) {
-  const Bf16Row row[2] = {{reinterpret_cast<const uint2*>(w)}, {reinterpret_cast<const uint2*>(w + k8)}};
-  dot_groups(row, x, begin, end, lane, y);
+  return dot_groups(Bf16Row{reinterpret_cast<const uint2*>(w)}, x, begin, end, lane);
 }
 
 #if MOE && TP > 1
@@ -1201,10 +1174,6 @@ struct Fp8Row {
   const uint32_t* w;
   const float* scale;
   int scale_shift;
-  // the packed row at `row`: k e4m3 values, then its scales
-  __device__ __forceinline__ static Fp8Row at(const uint8_t* row, int k, int scale_shift) {
-    return {reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k), scale_shift};
-  }
   __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i >> scale_shift]}; }
   __device__ __forceinline__ static float dot(const Group g, const float4 a, float acc) {
     const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
@@ -1224,18 +1193,9 @@ struct Fp8Row {
 // down kv_b's blocks: ir/mla.py: derived_scale_cols).
 __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, const float* x, int begin, int end,
                                                  int lane, int scale_shift = Fp8Row::BLOCK_SHIFT) {
-  const Fp8Row r[1] = {Fp8Row::at(row, k, scale_shift)};
-  float y[1];
-  dot_groups(r, x, begin, end, lane, y);
-  return y[0];
-}
-
-// dot_segment_pair for a gate/up row of two FP8 halves of k columns, the up half `half_bytes`
-// after the gate half (both halves have the same padded size).
-__device__ __forceinline__ void dot_segment_fp8_pair(const uint8_t* row, int half_bytes, int k, const float* x,
-                                                     int begin, int end, int lane, int scale_shift, float (&y)[2]) {
-  const Fp8Row r[2] = {Fp8Row::at(row, k, scale_shift), Fp8Row::at(row + half_bytes, k, scale_shift)};
-  dot_groups(r, x, begin, end, lane, y);
+  return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k),
+                           scale_shift},
+                    x, begin, end, lane);
 }
 
 // An FP8 routed down row (MoE): one piece per slot (a row of that slot's expert: its values, then
@@ -1346,41 +1306,33 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #else
       const float* x = s.vec;
 #endif
-      float y[2];
-      if (halves == 2) {  // a gate/up row (none skips groups): its halves, the up half halfway, in one pass over x
-#if WEIGHT_FP8
-        if (fp8) dot_segment_fp8_pair(page + rr * rb, rb / 2, 8 * k8, x, begin, end, lane, scale_shift, y);
-        else
-#endif
-          dot_segment_pair(w, k8, x, begin, end, lane, y);
-      } else {
+      for (int h = 0; h < halves; ++h) {
 #if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
-        y[0] = !fp8 ? dot_skipping(w, x, begin, end, skip0, skip1, lane)
-               : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                   ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                            MOE_SHARED_K / 8, x, begin, end, lane, busy)
-                   : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
+        const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
+                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                     MOE_SHARED_K / 8, x, begin, end, lane, busy)
+                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift);
 #elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
-        y[0] = !fp8 ? dot_segment(w, x, begin, end, lane)
-               : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                   ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                            MOE_SHARED_K / 8, x, begin, end, lane)
-                   : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
-#elif WEIGHT_FP8
-        y[0] = fp8 ? dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift)
-                   : dot_segment(w, x, begin, end, lane);
+        const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
+                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                     MOE_SHARED_K / 8, x, begin, end, lane)
+                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift);
+#elif WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
+        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
+                                              scale_shift)
+                            : dot_segment(w + h * k8, x, begin, end, lane);
 #elif MOE && TP > 1
-        y[0] = dot_skipping(w, x, begin, end, skip0, skip1, lane);
+        const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
 #else
-        y[0] = dot_segment(w, x, begin, end, lane);
+        const float y = dot_segment(w + h * k8, x, begin, end, lane);
 #endif
-      }
-      if (lane == 0) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if (h == halves) break;
-          if (wpr == 1) s.acc[(r + rr) * halves + h] = y[h];
-          else atomicAdd(&s.acc[(r + rr) * halves + h], y[h]);
+        if (lane == 0) {
+          if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
+          else atomicAdd(&s.acc[(r + rr) * halves + h], y);
         }
       }
     }
