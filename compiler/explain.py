@@ -111,6 +111,13 @@ def _count(n: int, what: str) -> str:
 
 def _tile_text(op) -> str:
     tile = op.attrs["tile"]
+    if "busy" in tile:
+        a = op.attrs
+        if op.opcode == "moe_down_add":
+            return f"{a['rows']} rows x {a['slots']} slots"
+        lo, hi = tile["rows_per_task"]
+        return (f"{a['slots']} slots x {a['intermediate_size']} rows, "
+                f"{lo if lo == hi else f'{lo}-{hi}'} a task")
     if "rows_per_task" in tile:
         lo, hi = tile["rows_per_task"]
         return f"{lo}-{hi} rows" if lo != hi else _count(lo, "row")
@@ -119,10 +126,6 @@ def _tile_text(op) -> str:
                 f" x {_count(tile['chunks'], 'chunk')}")
     if "context_chunks" in tile:
         return f"{tile['context_chunks']} context chunks"
-    if "busy" in tile:
-        a = op.attrs
-        return f"{a['slots']} slots x {a['intermediate_size']} rows" if op.opcode == \
-            "moe_gate_up" else f"{a['rows']} rows x {a['slots']} slots"
     return "whole op"
 
 
