@@ -24,6 +24,7 @@ from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import op_times_ns, roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
+from tilertc.passes.sharding import ends_in_allreduce
 
 
 @dataclass
@@ -101,8 +102,7 @@ def tp_role(program: Program, op) -> str:
         role = "heads split"
     else:
         role = "replicated"
-    after = set(program.config["sharding"]["allreduce_after"])
-    return role + (" + all-reduce" if set(op.attrs.get("fused_from", ())) & after else "")
+    return role + (" + all-reduce" if ends_in_allreduce(program, op) else "")
 
 
 def _count(n: int, what: str) -> str:

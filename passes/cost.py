@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
-from tilertc.passes.sharding import EXCHANGE_OPCODES
+from tilertc.passes.sharding import ends_in_allreduce
 
 BOUNDARY_NS = 3000.0
 # llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
@@ -41,13 +41,9 @@ def task_ns(program: Program, task: Task) -> float:
 
 
 def allreduce_ns(program: Program, op: Op) -> float:
-    """The all-reduce after `op` across the tp ranks, if its output is a partial sum (the
-    residual add it is fused into exchanges it: a MoE block's gate/up, fused from the same
-    experts op as its down projection, does not)."""
+    """The all-reduce after `op` across the tp ranks, if it ends in one."""
     tp, tgt = program.tp, program.target
-    after = program.config.get("sharding", {}).get("allreduce_after", ())
-    if (tp == 1 or op.opcode not in EXCHANGE_OPCODES
-            or not set(op.attrs.get("fused_from", ())) & set(after)):
+    if not ends_in_allreduce(program, op):
         return 0.0
     nbytes = program.graph.tensors[op.outputs[0]].numel * 4
     return tgt.link_latency_ns + 2 * (tp - 1) / tp * nbytes / tgt.link_bandwidth * 1e9
