@@ -177,11 +177,11 @@ def routed_tasks_per_slot(program: Program, op) -> int:
     at one task per SM per slot: on the H200, Qwen3-30B-A3B's 8 slots x 132 SMs = 1056 tasks
     of ~47 KB took 3.8 us each, mostly fixed cost (staging the normalized input, claiming
     pages, the epilogue and signal; docs/performance.md), and its 50 MB streamed at 1.2 TB/s.
-    Under expert parallelism (busy < 1) each slot keeps its rows over every SM (one task per
-    SM, at most one per row): a slot is empty with probability 1 - busy, and an empty slot's
-    tasks only wait and signal, so every SM still streams a piece of each busy slot; with
-    whole slots on #SMs // slots SMs, the SMs of the one or two busy slots would stream
-    everything while the rest idle."""
+    Under expert parallelism (busy < 1) each slot keeps its rows over all SMs (min(rows, #SMs)
+    tasks): a slot is empty with probability 1 - busy, and an empty slot's tasks only wait and
+    signal, so a busy slot's rows still stream on the whole GPU; with whole slots on
+    #SMs // slots SMs, the SMs of the one or two busy slots would stream everything while the
+    rest idle."""
     a = op.attrs
     if busy(program, op) < 1:
         return min(a["intermediate_size"], program.target.num_sms)
