@@ -24,6 +24,7 @@ from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import op_times_ns, roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
+from tilertc.passes.sharding import ends_in_allreduce
 
 
 @dataclass
@@ -101,8 +102,7 @@ def tp_role(program: Program, op) -> str:
         role = "heads split"
     else:
         role = "replicated"
-    after = set(program.config["sharding"]["allreduce_after"])
-    return role + (" + all-reduce" if set(op.attrs.get("fused_from", ())) & after else "")
+    return role + (" + all-reduce" if ends_in_allreduce(program, op) else "")
 
 
 def _count(n: int, what: str) -> str:
@@ -111,6 +111,13 @@ def _count(n: int, what: str) -> str:
 
 def _tile_text(op) -> str:
     tile = op.attrs["tile"]
+    if "busy" in tile:
+        a = op.attrs
+        if op.opcode == "moe_down_add":
+            return f"{a['rows']} rows x {a['slots']} slots"
+        lo, hi = tile["rows_per_task"]
+        return (f"{a['slots']} slots x {a['intermediate_size']} rows, "
+                f"{lo if lo == hi else f'{lo}-{hi}'} a task")
     if "rows_per_task" in tile:
         lo, hi = tile["rows_per_task"]
         return f"{lo}-{hi} rows" if lo != hi else _count(lo, "row")
@@ -119,10 +126,6 @@ def _tile_text(op) -> str:
                 f" x {_count(tile['chunks'], 'chunk')}")
     if "context_chunks" in tile:
         return f"{tile['context_chunks']} context chunks"
-    if "busy" in tile:
-        a = op.attrs
-        return f"{a['slots']} slots x {a['intermediate_size']} rows" if op.opcode == \
-            "moe_gate_up" else f"{a['rows']} rows x {a['slots']} slots"
     return "whole op"
 
 

@@ -3,8 +3,11 @@
 A task streams its weights at the SM's share of HBM bandwidth and reads its other global data
 (KV cache) at the same rate; every op boundary costs a dependency wait plus the activation
 hand-off (`BOUNDARY_NS`, measured ~3 us per all-to-all boundary in the feasibility prototype of
-DESIGN.md). An op takes as long as its slowest SM; a step is the sum of its ops, because each
-op waits for all tasks of the op before it. Chunked attention is charged what the H200
+DESIGN.md). The boundary covers an SM's first task of an op; each further task of the op on
+that SM adds its own fixed cost (`TASK_NS`: staging its input, its epilogue and signal), so an
+op cut into more tasks than SMs costs more than its bytes say. An op takes as long as its
+slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
+it. Chunked attention is charged what the H200
 measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
 per layer, and keys and values read at the rate its loads in flight allow. That part is for the
 prediction only: the scheduler balances SMs by `task_ns`, where every attention task of an op
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
+from tilertc.passes.sharding import ends_in_allreduce
 
 BOUNDARY_NS = 3000.0
 # llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
@@ -25,6 +29,10 @@ BOUNDARY_NS = 3000.0
 # layer, 16 KB/us per SM (with plain loads it had cost 15.3 us).
 ATTENTION_CHAIN_NS = 8000.0
 ATTENTION_KV_BYTES_PER_S_PER_SM = 16e9
+# Qwen3-30B-A3B on the H200, 2026-11-30 (docs/performance.md, "Issue 6"): the routed gate/up,
+# 8 tasks of ~47 KB per SM per layer, took 3.78 us per task (dependencies met to done) where
+# its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
+TASK_NS = 2400.0
 
 
 def task_ns(program: Program, task: Task) -> float:
@@ -33,10 +41,9 @@ def task_ns(program: Program, task: Task) -> float:
 
 
 def allreduce_ns(program: Program, op: Op) -> float:
-    """The all-reduce after `op` across the tp ranks, if its output is a partial sum."""
+    """The all-reduce after `op` across the tp ranks, if it ends in one."""
     tp, tgt = program.tp, program.target
-    after = program.config.get("sharding", {}).get("allreduce_after", ())
-    if tp == 1 or not set(op.attrs.get("fused_from", ())) & set(after):
+    if not ends_in_allreduce(program, op):
         return 0.0
     nbytes = program.graph.tensors[op.outputs[0]].numel * 4
     return tgt.link_latency_ns + 2 * (tp - 1) / tp * nbytes / tgt.link_bandwidth * 1e9
@@ -49,12 +56,22 @@ def predicted_task_ns(task: Task) -> float:
     return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
 
 
+def task_fixed_ns(program: Program, task: Task) -> float:
+    """A task's fixed cost when it is not its SM's first of its op. A routed gate/up task's
+    slot is busy with probability `busy` (tiling): an empty slot's task only waits and
+    signals, so the expected cost is that fraction of `TASK_NS`."""
+    return TASK_NS * program.graph.op(task.op).attrs["tile"].get("busy", 1.0)
+
+
 def op_times_ns(program: Program) -> dict[str, float]:
-    """Per fused op: the busiest SM's time on it, plus one boundary (and an all-reduce)."""
+    """Per fused op: the busiest SM's time on it (its tasks' bytes, and the fixed cost of each
+    task after the SM's first of the op), plus one boundary (and an all-reduce)."""
     per: dict[str, dict[int, float]] = {}
     for t in program.tasks:
-        per.setdefault(t.op, {}).setdefault(t.sm, 0.0)
-        per[t.op][t.sm] += predicted_task_ns(t)
+        sms = per.setdefault(t.op, {})
+        # the SM's first task of the op: its fixed cost is part of the boundary
+        sms[t.sm] = sms[t.sm] + task_fixed_ns(program, t) if t.sm in sms else 0.0
+        sms[t.sm] += predicted_task_ns(t)
     return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
             + (ATTENTION_CHAIN_NS if op.opcode == "attention" else 0.0)
             for op in program.graph.ops()}

@@ -219,6 +219,15 @@ class Sharder:
 EXCHANGE_OPCODES = ("matvec_add", "moe_down_add")
 
 
+def ends_in_allreduce(program: Program, op: Op) -> bool:
+    """Whether fused `op` all-reduces its output across the ranks: a residual add fused with a
+    per-rank partial sum (`allreduce_after`). A MoE block's gate/up is fused from the same
+    experts op as its down projection, but only the down projection adds the residual."""
+    after = program.config.get("sharding", {}).get("allreduce_after", ())
+    return (program.tp > 1 and op.opcode in EXCHANGE_OPCODES
+            and bool(set(after) & set(op.attrs.get("fused_from", ()))))
+
+
 def exchange_ops(program: Program) -> list[Op]:
     """The fused ops that end in an all-reduce: the residual adds whose other input is a
     per-rank partial sum (`allreduce_after`), fused with that sum's producer. Each such op's
@@ -227,8 +236,7 @@ def exchange_ops(program: Program) -> list[Op]:
     after = set(program.config.get("sharding", {}).get("allreduce_after", ()))
     if program.tp == 1 or not after:
         return []
-    ops = [op for op in program.graph.ops() if op.opcode in EXCHANGE_OPCODES
-           and after & set(op.attrs.get("fused_from", ()))]
+    ops = [op for op in program.graph.ops() if ends_in_allreduce(program, op)]
     covered = {name for op in ops for name in op.attrs["fused_from"]} & after
     if covered != after:
         raise ScheduleError(f"--tp {program.tp}: the all-reduce after "

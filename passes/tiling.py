@@ -16,10 +16,15 @@ the chunk count follows the SMs, not shared memory, and the ring keeps the rest.
 MLA attention is tiled the same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all
 share the latent cache; the group size bounds what a task stages), over the context or, with
 DSA, over the top-k list. The DSA indexer's scores are tiled by context chunk. The routed
-experts are tiled per slot (one slot per chosen expert): each slot's rows over all SMs, so that
-the expected case (under expert parallelism, fewer slots busy than provisioned) still spreads
-over the GPU; their weights are chosen at run time, and under expert parallelism a slot is busy
-with probability top_k / (tp x slots), which is what their bytes are counted at. `embed`,
+gate/up is tiled per slot (one slot per chosen expert). With every slot busy (tp 1) a slot's
+rows go to #SMs // slots tasks, about one task per SM in all: the op is latency-bound, and one
+task per SM per slot paid each task's fixed cost (staging the input, the epilogue, the signal)
+slots times per SM. Under expert parallelism (fewer slots busy than provisioned) each slot's
+rows go over all SMs, so that the expected case, a few busy slots, still spreads over the GPU
+(`routed_tasks_per_slot`). The routed down projection is tiled by output rows like any
+projection, each row gathering every slot's piece. Routed weights are chosen at run time, and
+under expert parallelism a slot is busy with probability top_k / (tp x slots), which is what
+their bytes are counted at. `embed`,
 `argmax`, `moe_topk` and `dsa_topk` are one task each: they move a few kilobytes.
 A split-K FFN (`ffn_split_k`) is tiled by slices of the intermediate dimension, one per SM:
 widths are whole groups of 8 columns (the kernel's 16-byte pieces of a down row) and differ by
@@ -165,19 +170,47 @@ def _tile_split_k(program: Program, op) -> None:
                    "slice's width; partial sums added into the output")
 
 
+def routed_tasks_per_slot(program: Program, op) -> int:
+    """How many tasks a `moe_gate_up` slot's rows are split into.
+
+    Every slot busy (tp 1, `busy` = 1): about one task per SM in all, #SMs // slots per slot
+    (at least one), so that each SM runs one gate/up task per layer. The op is latency-bound
+    at one task per SM per slot: on the H200, Qwen3-30B-A3B's 8 slots x 132 SMs = 1056 tasks
+    of ~47 KB took 3.8 us each, mostly fixed cost (staging the normalized input, claiming
+    pages, the epilogue and signal; docs/performance.md), and its 50 MB streamed at 1.2 TB/s.
+    Under expert parallelism (busy < 1) each slot keeps its rows over all SMs (min(rows, #SMs)
+    tasks): a slot is empty with probability 1 - busy, and an empty slot's tasks only wait and
+    signal, so a busy slot's rows still stream on the whole GPU; with whole slots on
+    #SMs // slots SMs, the SMs of the one or two busy slots would stream everything while the
+    rest idle."""
+    a = op.attrs
+    if busy(program, op) < 1:
+        return min(a["intermediate_size"], program.target.num_sms)
+    return min(a["intermediate_size"], max(1, program.target.num_sms // a["slots"]))
+
+
 def _tile_routed(program: Program, op) -> None:
     a, sms = op.attrs, program.target.num_sms
     frac = busy(program, op)
+    tile = {"busy": frac}
     if op.opcode == "moe_gate_up":
         rb, inter = row_bytes(program, op), a["intermediate_size"]
-        n = min(inter, sms)
+        n = routed_tasks_per_slot(program, op)
         bounds = _bounds(inter, n)
         for slot in range(a["slots"]):
             for i in range(n):
                 r0, r1 = slot * inter + bounds[i], slot * inter + bounds[i + 1]
                 program.tasks.append(Task(op.name, op.opcode, slot * n + i, (r0, r1),
                                           weight_bytes=round((r1 - r0) * rb * frac)))
-        what = f"{a['slots']} slots x {inter} rows -> {a['slots']} x {n} tasks"
+        lo, hi = inter // n, -(-inter // n)
+        tile.update(tasks=a["slots"] * n, tasks_per_slot=n, rows_per_task=(lo, hi))
+        what = (f"{a['slots']} slots x {inter} rows x {rb} B -> {a['slots']} x {n} tasks of "
+                + (f"{lo}-{hi} rows" if lo != hi else f"{lo} row" + "s" * (lo != 1))
+                + (f": every slot busy, so #SMs // slots = {sms // a['slots']} tasks per slot "
+                   "(at most its rows), about one gate/up task per SM: fewer, larger tasks, "
+                   "each task's fixed cost paid once per SM" if frac == 1 else
+                   ": every slot over all SMs (expert parallelism: an empty slot's tasks are "
+                   "skipped quickly, a busy one's rows stream on every SM)"))
     else:
         routed, shared = down_piece_bytes(program, op)
         n = min(a["rows"], sms)
@@ -187,9 +220,9 @@ def _tile_routed(program: Program, op) -> None:
             segs = [WeightSegment(op.inputs[-1], r0, r1)] if shared else []
             program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
                                       round((r1 - r0) * (a["slots"] * routed * frac + shared))))
+        tile["tasks"] = n
         what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks"
-    tasks = a["slots"] * n if op.opcode == "moe_gate_up" else n
-    op.attrs["tile"] = {"tasks": tasks, "busy": frac}
+    op.attrs["tile"] = tile
     program.decide("tiling", f"{op.name}: {what}; weights picked at run time by expert id"
                    + (f", each slot busy with probability {frac:.3g}" if frac < 1 else ""))
 

@@ -24,7 +24,11 @@ expert ids of every layer at every teacher-forced step, must be the interpreter'
 combine weights too; deepseek-v3-tiny has a dense first layer, then MoE layers with DeepSeek's
 router (sigmoid scores, correction bias, group-limited top-k) and a shared expert, and MLA
 attention. Full-size DeepSeek-V3 MoE (one dense and one MoE layer of 256 experts) passes the
-teacher-forced check, the token loop and the routing check.
+teacher-forced check, the token loop and the routing check. With every slot busy (tp 1) the
+routed gate/up is tiled about one task per SM: the tinies' 32 rows per slot are one task a
+row either way, but full-size DeepSeek-V3's 8 slots become 16 tasks of 128 rows each, and a
+wider qwen3-moe-tiny (8 of 16 experts, 768 rows per slot) 16 tasks of 48 rows, 4 ring pages
+each, which passes the same three checks.
 
 MLA (deepseek-v3-tiny with a dense FFN in every layer runs every test above): the latent cache
 rows the kernel appends must be the interpreter's; full-size DeepSeek-V3 attention (two dense
@@ -66,6 +70,12 @@ pytestmark = pytest.mark.gpu
 FULL_SIZE = {"model_type": "deepseek_v3", "quantization_config": None, "vocab_size": 32000}
 VARIANTS = {
     "deepseek-v3-tiny-dense": ("deepseek-v3-tiny", {"first_k_dense_replace": 3}),
+    # Qwen3-30B-A3B's routing in small (8 of 16 experts, 768 rows per slot, hidden 256): with
+    # every slot busy its gate/up slots are tiled 16 tasks of 48 rows each on 132 SMs
+    # (tests/test_moe_kernel.py: WIDE, which the host step runs)
+    "qwen3-moe-tiny-wide": ("qwen3-moe-tiny", {
+        "hidden_size": 256, "num_experts": 16, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768}),
     "deepseek-v3-attention": ("deepseek-v3.2", {
         **FULL_SIZE, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
     "deepseek-v3-moe": ("deepseek-v3.2", {
@@ -226,6 +236,25 @@ def check_routing(engine: Engine, steps: int = STEPS) -> None:
 def test_moe_routing_decisions_match_interpreter(name: str, tmp_path) -> None:
     out = compile(load(name), tmp_path, CompileOptions(max_seq_len=512))
     check_routing(Engine.load(out, random_seed=1234))
+
+
+def test_moe_one_routed_gate_up_task_per_sm_matches_interpreter(tmp_path) -> None:
+    """Every slot busy (tp 1): a slot's gate/up rows in #SMs // slots tasks, about one per SM
+    (passes/tiling.py: routed_tasks_per_slot). qwen3-moe-tiny-wide on the H200 with 4 KB pages:
+    8 slots x 16 tasks of 48 rows, one per SM, each streaming 4 ring pages of 12 KB (a page is
+    at least a down row): teacher-forced logits, the token loop and the routing decisions."""
+    from test_moe_kernel import routed_tiling
+
+    from tilertc.passes.pipeline import make_program
+
+    spec = load("qwen3-moe-tiny-wide")
+    program = make_program(spec, "h200", 1, 512, {"page_kb": 4})
+    assert routed_tiling(program) == {"tasks_per_slot": 16, "rows": 48, "pages": 4, "per_sm": 1}
+    out = compile(spec, tmp_path, CompileOptions(max_seq_len=512, page_kb=4))
+    engine = Engine.load(out, random_seed=1234)
+    check_teacher_forced(engine)
+    test_token_loop_equals_single_steps(engine)
+    check_routing(engine)
 
 
 @pytest.mark.parametrize("name", MLA_MODELS)

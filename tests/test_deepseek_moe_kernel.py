@@ -22,7 +22,7 @@ import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, random_host_step, small
-from test_moe_kernel import TOOL, columns, router_constants
+from test_moe_kernel import TOOL, assert_routes_match, columns, routed_tiling, router_constants
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
 import tilertc
@@ -184,15 +184,26 @@ def test_group_limits_change_the_choice() -> None:
 # as built in, and with two shared experts on 7 SMs.
 ONE_SLOT_TWO_SHARED = {"num_experts_per_tok": 1, "n_group": 1, "topk_group": 1,
                        "n_shared_experts": 2}
-STEPS = [("bf16", {}, "h200", 20), ("bf16", {}, small("h200-5", 5), 120),
-         ("bf16", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60),
-         ("fp8", {}, "h200", 20), ("fp8", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60)]
+# (weights, overrides, target, prompt length, what the routed gate/up covers: every slot busy,
+# #SMs // slots tasks per slot, at most its 32 rows): on the H200 32 tasks of a row per slot;
+# on 5 SMs 2 of 16 rows; one slot on 7 SMs, 7 of 4-5 rows; 4 slots on 3 SMs (fewer SMs than
+# slots), one task of 32 rows per slot, two on one SM.
+ONE_ROW = {"tasks_per_slot": 32, "rows": 1, "pages": 1, "per_sm": 1}
+ONE_SLOT = {"tasks_per_slot": 7, "rows": 5, "pages": 1, "per_sm": 1}
+STEPS = [("bf16", {}, "h200", 20, ONE_ROW),
+         ("bf16", {}, small("h200-5", 5), 120,
+          {"tasks_per_slot": 2, "rows": 16, "pages": 1, "per_sm": 1}),
+         ("bf16", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60, ONE_SLOT),
+         ("bf16", {"num_experts_per_tok": 4}, small("h200-3", 3), 70,
+          {"tasks_per_slot": 1, "rows": 32, "pages": 1, "per_sm": 2}),
+         ("fp8", {}, "h200", 20, ONE_ROW),
+         ("fp8", ONE_SLOT_TWO_SHARED, small("h200-7", 7), 60, ONE_SLOT)]
 
 
-@pytest.mark.parametrize("dtype, overrides, target, prefill", STEPS)
+@pytest.mark.parametrize("dtype, overrides, target, prefill, covers", STEPS)
 def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
         tmp_path: Path, dtype: str, overrides: dict[str, Any], target: Any,
-        prefill: int) -> None:
+        prefill: int, covers: dict[str, int]) -> None:
     """One decode step of decode.cuh's own code, dense first layer, MoE layers (router,
     routed experts fetched by the loader's route_pieces / copy_pieces, shared expert) and MLA
     attention, from the task table, packed weights and arenas, against the interpreter (bf16
@@ -200,11 +211,6 @@ def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
     combine weights, every layer's residual stream, the logits and the token."""
     spec = with_weight_dtype(tilertc.load_spec("deepseek-v3-tiny", overrides=overrides), dtype)
     program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, target, prefill)
-    moe_layers = [op.layer for op in program.graph.ops() if op.opcode == "moe_topk"]
-    assert moe_layers == [1, 2]
-    for layer in moe_layers:
-        ids = f"layers.{layer}.moe.expert_ids"
-        assert bufs[ids].view(torch.int32).tolist() == env[ids][0].tolist(), ids
-        w = f"layers.{layer}.moe.expert_weights"
-        assert torch.allclose(bufs[w], env[w][0], rtol=1e-5, atol=1e-7), w
+    assert routed_tiling(program) == covers
+    assert assert_routes_match(program, bufs, env) == [1, 2]
     assert_step_matches(bufs, env, got_tok, spec.num_layers, ("x.attn", "x.ffn"))

@@ -62,6 +62,16 @@ def test_tensor_parallel_roles_and_all_reduces() -> None:
     assert ex.totals["allreduces"] == 122 and 0 < ex.totals["roofline_fraction"] < 1
 
 
+def test_a_moe_block_without_a_shared_expert_all_reduces_once() -> None:
+    """Qwen3-MoE's gate/up and down projection are both fused from the experts op whose output
+    is the partial sum; only the down projection, which adds the residual, all-reduces."""
+    ex = explain(load_spec("qwen3-moe-tiny"), tp=2, max_seq_len=64)
+    roles = {r.name: r.roles for r in ex.rows}
+    assert roles["layers.0-1.moe.gate_up"].endswith("expert-parallel")
+    assert roles["layers.0-1.moe.down_proj"].endswith("expert-parallel + all-reduce")
+    assert ex.totals["allreduces"] == 2 * 2  # o_proj and the MoE output, per layer
+
+
 @pytest.mark.parametrize(("args", "code", "message"), [
     (["llama-tiny", "--target", "h300"], 2, "'h300' is not one of"),
     (["llama-3.1-8b", "--tp", "3"], 1, "number of attention heads 32 is not divisible by 3"),

@@ -1,6 +1,9 @@
 """Qwen3-MoE in the CUDA backend, on the CPU: what the codegen accepts and refuses, the MoE
-artifacts (task table, weight layout), the packed experts walked from the task table, and the
-kernel's router run on the host against the interpreter's routing (`ir/moe.py: route`).
+artifacts (task table, weight layout), the packed experts walked from the task table, the
+kernel's router run on the host against the interpreter's routing (`ir/moe.py: route`), and a
+whole decode step of the kernel's own device code run on the host (tests/host_kernel.cpp:
+`step`) with the routed gate/up tiled as every slot busy tiles it (passes/tiling.py:
+`routed_tasks_per_slot`) on several SM counts.
 
 The kernel against the interpreter on a GPU (logits, token loop, routing decisions per layer
 and step) is in tests/test_cuda_kernel.py.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,8 @@ from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
 from tilertc.ir.weights import random_weights
 from tilertc.model_specs.hf import with_weight_dtype
-from tilertc.passes.program import ScheduleError
+from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.tiling import row_bytes
 
 TOOL = Path(__file__).parents[1] / "tools" / "check_artifact.py"
 
@@ -283,3 +288,68 @@ def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(
     out = m["buffers"]["layers.0.x.ffn"]
     got = act[out["offset"]: out["offset"] + out["numel"]]
     assert torch.allclose(got, env["layers.0.x.ffn"], rtol=1e-4, atol=1e-5)
+
+
+# -- a decode step of the device code, run on the host ---------------------------------------
+
+def routed_tiling(program: Program) -> dict[str, int]:
+    """What a step's routed gate/up tasks cover: tasks per slot, the most rows of a task, the
+    most ring pages one streams, and the most gate/up tasks of a layer on one SM."""
+    op = next(op for op in program.graph.ops() if op.opcode == "moe_gate_up")
+    tile, rows_per_page = op.attrs["tile"], program.config["page_bytes"] // row_bytes(program, op)
+    rows = tile["rows_per_task"][1]
+    return {"tasks_per_slot": tile["tasks_per_slot"], "rows": rows,
+            "pages": -(-rows // rows_per_page),
+            "per_sm": max(Counter(t.sm for t in program.tasks_of(op.name)).values())}
+
+
+def assert_routes_match(program: Program, bufs: dict[str, torch.Tensor],
+                        env: dict[str, torch.Tensor]) -> list[int]:
+    """A host step's expert ids (exactly) and combine weights of every MoE layer against the
+    interpreter's; returns the MoE layers."""
+    layers = [op.layer for op in program.graph.ops() if op.opcode == "moe_topk"]
+    for layer in layers:
+        ids = f"layers.{layer}.moe.expert_ids"
+        assert bufs[ids].view(torch.int32).tolist() == env[ids][0].tolist(), ids
+        w = f"layers.{layer}.moe.expert_weights"
+        assert torch.allclose(bufs[w], env[w][0], rtol=1e-5, atol=1e-7), w
+    return layers
+
+
+# Qwen3-30B-A3B's routing in small: 8 of 16 experts, 768 rows per slot; hidden 256 so that a
+# gate/up task's rows (1 KB each) span several ring pages (no smaller than a down row, 12 KB).
+WIDE = {"hidden_size": 256, "num_experts": 16, "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768}
+# (weights, overrides, SMs, page KB, prompt length, what the routed gate/up covers): WIDE on
+# the H200 with 4 KB pages (16 tasks of 48 rows per slot, one per SM, 4 pages each: the GPU
+# test's variant); the tiny spec on 7 SMs (3 tasks per slot, 10-11 rows); 4 slots on 3 SMs
+# (fewer SMs than slots: a slot's rows in one task, two gate/up tasks on one SM); FP8 on 5
+# SMs (2 tasks per slot of 16 rows).
+HOST_STEPS = [
+    ("bf16", WIDE, 132, 4, 30, {"tasks_per_slot": 16, "rows": 48, "pages": 4, "per_sm": 1}),
+    ("bf16", {}, 7, None, 40, {"tasks_per_slot": 3, "rows": 11, "pages": 1, "per_sm": 1}),
+    ("bf16", {"num_experts_per_tok": 4}, 3, None, 50,
+     {"tasks_per_slot": 1, "rows": 32, "pages": 1, "per_sm": 2}),
+    ("fp8", {}, 5, None, 20, {"tasks_per_slot": 2, "rows": 16, "pages": 1, "per_sm": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype, overrides, sms, page_kb, prefill, covers", HOST_STEPS)
+def test_kernel_step_with_qwen3_moe_on_the_host_is_the_interpreters(
+        tmp_path: Path, dtype: str, overrides: dict[str, Any], sms: int, page_kb: int | None,
+        prefill: int, covers: dict[str, int]) -> None:
+    """One decode step of decode.cuh's own code (router, top-k, the routed gate/up tasks of
+    whole row ranges of a slot fetched by the loader's route_pieces, the down tasks gathering
+    every slot's piece) from the task table, packed weights and arenas, against the interpreter
+    (bf16 cache as the kernel's) on bf16 or FP8 weights: every layer's expert ids and combine
+    weights, every layer's residual stream, the logits and the token."""
+    # imported here: test_mla_kernel imports this module
+    from test_mla_kernel import assert_step_matches, random_host_step, small
+
+    spec = with_weight_dtype(tilertc.load_spec("qwen3-moe-tiny", overrides=overrides or None),
+                             dtype)
+    program, got_tok, bufs, env, _ = random_host_step(
+        tmp_path, spec, small(f"h200-{sms}", sms), prefill, {"page_kb": page_kb} if page_kb else {})
+    assert routed_tiling(program) == covers
+    assert assert_routes_match(program, bufs, env) == [0, 1]
+    assert_step_matches(bufs, env, got_tok, spec.num_layers, ("x.attn", "x.ffn"))

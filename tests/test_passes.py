@@ -21,6 +21,7 @@ from tilertc.passes.cost import (
     ATTENTION_CHAIN_NS,
     ATTENTION_KV_BYTES_PER_S_PER_SM,
     BOUNDARY_NS,
+    TASK_NS,
     op_times_ns,
 )
 from tilertc.passes.fusion import fuse
@@ -164,11 +165,68 @@ def test_tiling_gives_every_sm_the_same_bytes_of_each_matvec() -> None:
             assert len(tasks) == tile_["signals"] * tile_["chunks"] <= sms
 
 
-def test_tiling_spreads_each_routed_slot_over_the_sms() -> None:
-    _, after = until("qwen3-30b-a3b", tile, tp=8)
-    gate_up = after.graph.op("layers.0.moe.gate_up")
-    assert gate_up.attrs["tile"] == {"tasks": 8 * 132, "busy": 1 / 8}
-    assert all(not t.segments for t in after.tasks_of(gate_up.name))
+def slot_rows(program: Program, op: str) -> list[list[tuple[int, int]]]:
+    """Per slot of a routed gate/up op, its tasks' row ranges within the slot, in task order."""
+    a = program.graph.op(op).attrs
+    inter, per = a["intermediate_size"], a["tile"]["tasks_per_slot"]
+    tasks = program.tasks_of(op)
+    assert [t.index for t in tasks] == list(range(a["slots"] * per))
+    out = []
+    for slot in range(a["slots"]):
+        mine = tasks[slot * per:(slot + 1) * per]
+        assert all(t.rows[0] // inter == slot == (t.rows[1] - 1) // inter for t in mine)
+        out.append([(t.rows[0] - slot * inter, t.rows[1] - slot * inter) for t in mine])
+    return out
+
+
+def even_split(rows: int, n: int) -> list[tuple[int, int]]:
+    return [(rows * i // n, rows * (i + 1) // n) for i in range(n)]
+
+
+# (model, tp, SMs, slots, rows per slot, tasks per slot): every slot busy (tp 1): #SMs // slots
+# tasks per slot, about one per SM (Qwen3-30B-A3B: 16 of 48 rows; DeepSeek-V3.2: 16 of 128);
+# capped by the rows (qwen3-moe-tiny: 32 rows, not 66 tasks); with fewer SMs than slots one
+# task per slot. Under expert parallelism (tp 8, a slot busy with probability 1/8) every slot
+# over all SMs, as before.
+ROUTED_TILES = [("qwen3-30b-a3b", 1, 132, 8, 768, 16), ("deepseek-v3.2", 1, 132, 8, 2048, 16),
+                ("qwen3-moe-tiny", 1, 132, 2, 32, 32), ("qwen3-moe-tiny", 1, 5, 2, 32, 2),
+                ("qwen3-30b-a3b", 1, 5, 8, 768, 1), ("qwen3-30b-a3b", 8, 132, 8, 768, 132),
+                ("qwen3-moe-tiny", 2, 132, 2, 32, 32), ("qwen3-moe-tiny", 2, 5, 2, 32, 5)]
+
+
+@pytest.mark.parametrize("name, tp, sms, slots, inter, per", ROUTED_TILES)
+def test_routed_gate_up_tasks_per_slot(name: str, tp: int, sms: int, slots: int, inter: int,
+                                       per: int) -> None:
+    """The tiling of a routed gate/up, before (no tasks) and after: task count, each slot's
+    tasks covering its rows in order, split evenly, and the decision that says why."""
+    target = dataclasses.replace(get_target("h200"), name=f"h200-{sms}", num_sms=sms)
+    before, after = until(name, tile, tp=tp, target=target)
+    op = next(op for op in after.graph.ops() if op.opcode == "moe_gate_up")
+    assert not before.tasks_of(op.name) and "tile" not in before.graph.op(op.name).attrs
+    busy = min(1.0, op.attrs["top_k"] / (tp * slots))
+    lo, hi = inter // per, -(-inter // per)
+    assert op.attrs["tile"] == {"tasks": slots * per, "tasks_per_slot": per, "busy": busy,
+                                "rows_per_task": (lo, hi)}
+    assert slot_rows(after, op.name) == [even_split(inter, per)] * slots
+    assert all(not t.segments for t in after.tasks_of(op.name))
+    decision = next(d for d in after.decisions if d.startswith(f"[tiling] {op.name}:"))
+    assert f"-> {slots} x {per} tasks" in decision
+    assert ("every slot busy" if tp == 1 else "every slot over all SMs") in decision
+
+
+def test_cost_charges_each_further_task_of_an_op_on_an_sm_its_fixed_cost() -> None:
+    """Qwen3-30B-A3B's gate/up at tp 1 runs one task per SM: its bytes and one boundary. At
+    tp 8 each SM runs 8: each after the first adds TASK_NS times the chance its slot is busy
+    (and no all-reduce: that is the down projection's)."""
+    one, eight = (schedule(load_spec("qwen3-30b-a3b"), tp=tp, max_seq_len=256) for tp in (1, 8))
+    for p in (one, eight):
+        tasks = p.tasks_of("layers.3.moe.gate_up")
+        on = {sm: [t for t in tasks if t.sm == sm] for sm in {t.sm for t in tasks}}
+        busy = p.graph.op("layers.3.moe.gate_up").attrs["tile"]["busy"]
+        want = max(sum(t.est_ns for t in ts) + (len(ts) - 1) * TASK_NS * busy
+                   for ts in on.values())
+        assert op_times_ns(p)["layers.3.moe.gate_up"] == pytest.approx(want + BOUNDARY_NS)
+        assert (max(map(len, on.values())) == 1) == (p is one)
 
 
 # -- residency ---------------------------------------------------------------------------------

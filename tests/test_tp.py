@@ -320,10 +320,13 @@ def test_engine_needs_as_many_gpus_as_ranks() -> None:
 # replicated on two ranks (tp 4 over 2 KV heads); MLA (the latent cache whole on every rank);
 # MoE with expert parallelism (Qwen3-MoE: 4 and 2 experts per rank; DeepSeek's, with its shared
 # expert split like the dense MLP, after a dense layer, on the H200 and on 5 SMs: down tasks of
-# many rows); FP8 weights cut with their scales (the aligned DeepSeek variant).
+# many rows); FP8 weights cut with their scales (the aligned DeepSeek variant). Qwen3-MoE with
+# every expert chosen: each rank's 4 slots always busy, so its gate/up is tiled as at tp 1
+# (passes/tiling.py: routed_tasks_per_slot; on 7 SMs one task of 32 rows per slot).
 STEPS = [("llama-tiny", {}, 2, 132, 40), ("llama-tiny", {}, 4, 7, 100),
          ("deepseek-v3-tiny", DENSE, 2, 132, 20),
          ("qwen3-moe-tiny", {}, 2, 132, 30), ("qwen3-moe-tiny", {}, 4, 7, 60),
+         ("qwen3-moe-tiny", {"num_experts_per_tok": 8}, 2, 7, 40),
          ("deepseek-v3-tiny", {}, 2, 132, 20), ("deepseek-v3-tiny", {}, 2, 5, 50),
          ("deepseek-v3-tiny", {**ALIGNED, **FP8}, 2, 132, 20),
          ("deepseek-v3-tiny", {**ALIGNED, **FP8}, 2, 7, 40)]
@@ -348,6 +351,9 @@ def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
     gen = torch.Generator().manual_seed(prefill)
     prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
     token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
+    if overrides.get("num_experts_per_tok") == 8:  # every slot busy on every rank
+        assert all(op.attrs["tile"]["busy"] == 1 and op.attrs["tile"]["tasks_per_slot"] == 1
+                   for op in p.graph.ops() if op.opcode == "moe_gate_up")
     got, bufs, env, _ = host_step(tmp_path, p, weights, prompt, token)
     for layer in range(spec.num_layers):
         for part in ("x.attn", "x.ffn"):

@@ -35,6 +35,24 @@ def test_tiny_models_match_the_interpreter_in_every_interleaving(name: str) -> N
     assert all(t == int(lg.argmax()) for t, lg in zip(report.tokens, report.logits, strict=True))
 
 
+@pytest.mark.parametrize(("name", "sms", "per_slot"), [
+    ("qwen3-moe-tiny", 5, 2), ("deepseek-v3-tiny", 3, 1), ("qwen3-moe-tiny", 1, 1)])
+def test_routed_gate_up_of_whole_slot_ranges_matches_the_interpreter(name: str, sms: int,
+                                                                     per_slot: int) -> None:
+    """With every slot busy a gate/up slot's rows go to #SMs // slots tasks (passes/tiling.py:
+    routed_tasks_per_slot): several rows per task, and with fewer SMs than slots one task per
+    slot, several on one SM; in every interleaving the logits are the interpreter's."""
+    import dataclasses
+
+    from tilertc.ir.target import get_target
+
+    target = dataclasses.replace(get_target("h200"), name=f"h200-{sms}", num_sms=sms)
+    program = schedule(load_spec(name), target, max_seq_len=48)
+    gate_up = next(op for op in program.graph.ops() if op.opcode == "moe_gate_up")
+    assert gate_up.attrs["tile"]["tasks_per_slot"] == per_slot
+    verify(program, "numeric", steps=2, interleavings=2)
+
+
 @pytest.mark.parametrize("name", DENSE_FULL)
 def test_full_size_dense_schedules_are_sound(name: str) -> None:
     assert verify(schedule(load_spec(name)), "structural").mode == "structural"
