@@ -166,10 +166,10 @@ def test_hf_host_bytes_counts_what_transformers_copies(name: str, dtype: torch.d
         assert all(fused_expert_layer(n) for n in made), sorted(made)
 
 
-def mid_moe() -> tuple:
-    """A Qwen3-MoE of ~200 MB of bf16 weights, nearly all of it routed experts: large enough
-    for its copies to stand out of a process's resident memory."""
-    spec = load_spec("qwen3-moe-tiny", {"hidden_size": 512, "moe_intermediate_size": 512,
+def mid_moe(width: int = 512) -> tuple:
+    """A Qwen3-MoE of 64 experts of `width` (512: ~200 MB of bf16 weights), nearly all of it
+    routed experts: large enough for its copies to stand out of a process's resident memory."""
+    spec = load_spec("qwen3-moe-tiny", {"hidden_size": width, "moe_intermediate_size": width,
                                         "num_experts": 64})
     return spec, random_weights(build_graph(spec, MAX_SEQ), seed=0, std=0.1)
 
@@ -307,6 +307,24 @@ def test_hf_cuda_graph_matches_hf_eager_on_gpu(name: str) -> None:
     eager = hf_eager(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     graphed = hf_cuda_graph(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     assert graphed.tokens == eager.tokens
+
+
+@pytest.mark.gpu
+def test_hf_model_on_gpu_holds_no_host_copy() -> None:
+    """transformers' model of ~800 MB of MoE weights, built on the GPU, raises the process's
+    peak RSS by a small fraction of the weights, and its parameters are the ones it makes of
+    the same weights on the host."""
+    load_hf_model(*model_and_weights("qwen3-moe-tiny"), "cuda", torch.bfloat16)  # CUDA is up
+    spec, weights = mid_moe(1024)
+    nbytes = sum(w.nbytes for w in weights.values())
+    with HostPeak() as peak:
+        model = load_hf_model(spec, weights, "cuda", torch.bfloat16)
+    on_host = dict(load_hf_model(spec, weights, "cpu", torch.bfloat16).named_parameters())
+    for name, p in model.named_parameters():
+        assert p.device.type == "cuda" and torch.equal(p.cpu(), on_host[name]), name
+    if peak.growth is None:
+        pytest.skip("this system does not let a process reset its peak RSS")
+    assert peak.growth < nbytes / 10, (peak.growth, nbytes)
 
 
 @pytest.mark.gpu
