@@ -16,7 +16,11 @@ from the start of its step to the moment its id is on the host, as a streaming s
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -164,57 +168,156 @@ def available_host_bytes() -> int | None:
     return kib * 1024
 
 
-def check_host_memory(spec: ModelSpec, weights: dict[str, torch.Tensor]) -> None:
-    """transformers builds its model on the host, beside the checkpoint the bench holds: for a
-    30B model that is another ~60 GB, and a host out of memory kills the whole bench, numbers
-    already measured included. Skip the baseline instead when its copy would not fit."""
-    need, free = sum(w.nbytes for w in weights.values()), available_host_bytes()
+class HostPeak:
+    """How far this process's resident memory rose, at its highest, while the block ran.
+
+    Linux keeps a process's peak RSS (VmHWM); writing 5 to /proc/self/clear_refs resets it to
+    the current RSS, so that the peak afterwards is the block's own. Memory the C heap keeps
+    after a free is still resident, and would hide a new allocation that reuses it: the heap
+    returns it to the system first (glibc's malloc_trim). `growth` is None where the reset or
+    the figures are not to be had (not Linux, a sandbox that refuses it).
+    """
+
+    growth: int | None = None
+
+    def __enter__(self) -> HostPeak:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None).malloc_trim(0)
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+            self.start = _proc_status_bytes("VmRSS:")
+        except OSError:
+            self.start = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        peak = _proc_status_bytes("VmHWM:")
+        if self.start is not None and peak is not None:
+            self.growth = max(0, peak - self.start)
+
+
+def _proc_status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith(field))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return kib * 1024
+
+
+# transformers' loader materializes this many tensors at a time (its thread pool,
+# `core_model_loading.GLOBAL_WORKERS`, at most 4).
+LOADER_THREADS = 4
+# A routed expert's tensor in checkpoint naming; transformers fuses a layer's into one tensor
+# per projection (`mlp.shared_experts.` is a plain MLP and does not match).
+EXPERT_TENSOR = re.compile(r"^(.*\.experts)\.\d+\.")
+
+
+def hf_host_bytes(weights: dict[str, torch.Tensor], device: str | torch.device,
+                  dtype: torch.dtype) -> int:
+    """The host memory transformers needs, beyond `weights` themselves, to build its model of
+    them on `device` in `dtype` (`load_hf_model`).
+
+    transformers (5.x) builds its modules on the meta device, then makes each parameter from
+    its checkpoint tensor with `tensor.to(device, dtype)` and converts the checkpoint's layout
+    (stacks a MoE layer's per-expert tensors into fused ones) where the tensors then are:
+    - on the host (device "cpu"), a tensor already in `dtype` becomes the parameter itself,
+      shared with `weights`; a cast is a copy, and so are the fused experts, of which one
+      layer's stacks are in flight besides (before gate and up are concatenated);
+    - on any other device the parameters hold no host memory; only the casts in flight do
+      (torch casts a blocking host-to-device copy on the host), one per loader thread.
+    A tensor of another dtype counts as cast, although transformers keeps the few that its
+    modules declare in fp32 as they are (DeepSeek's routing correction bias): a few bytes over.
+    """
+    size = dtype.itemsize
+
+    def cast(w: torch.Tensor) -> int:
+        return w.numel() * size if w.dtype != dtype else 0
+
+    if torch.device(device).type != "cpu":
+        return sum(sorted((cast(w) for w in weights.values()), reverse=True)[:LOADER_THREADS])
+    experts: dict[str, int] = defaultdict(int)  # bytes of each layer's routed experts
+    copied = 0
+    for name, w in weights.items():
+        if m := EXPERT_TENSOR.match(name):
+            experts[m.group(1)] += w.numel() * size
+        else:
+            copied += cast(w)
+    return copied + sum(experts.values()) + max(experts.values(), default=0)
+
+
+def check_host_memory(spec: ModelSpec, weights: dict[str, torch.Tensor],
+                      device: str | torch.device, dtype: torch.dtype) -> None:
+    """A host out of memory kills the whole bench, numbers already measured included: skip the
+    baseline instead when what transformers holds on the host (`hf_host_bytes`) would not fit
+    beside the weights the bench holds there. On a GPU that is next to nothing; on the host a
+    MoE model's fused experts are a second copy of nearly all of its weights."""
+    need, free = hf_host_bytes(weights, device, dtype), available_host_bytes()
     if free is not None and need > 0.9 * free:
         raise BaselineUnavailable(
-            f"the Hugging Face model of {spec.name} needs ~{human_bytes(need)} of host memory "
-            f"for its copy of the weights; {human_bytes(free)} is available")
+            f"the Hugging Face model of {spec.name} on {device} needs ~{human_bytes(need)} of "
+            f"host memory beside the {human_bytes(sum(w.nbytes for w in weights.values()))} "
+            f"of weights; {human_bytes(free)} is available")
 
 
-class HFStepModel:
-    """A Hugging Face transformers model of the spec's architecture with a static KV cache.
+def load_hf_model(spec: ModelSpec, weights: dict[str, torch.Tensor],
+                  device: str | torch.device, dtype: torch.dtype,
+                  experts_implementation: str | None = None) -> torch.nn.Module:
+    """transformers' causal LM of the spec's architecture with `weights`, built on `device`.
 
     The weights go through transformers' own checkpoint conversion (`from_pretrained` with a
     state dict), which turns the checkpoint's per-expert MoE tensors into the fused expert
-    tensors of its modules. `experts_implementation` picks transformers' MoE expert kernels
-    (None: its default; "batched_mm" is what its own generate() uses under CUDA graphs).
+    tensors of its modules. `device_map` puts every parameter straight on `device`, tensor by
+    tensor, so that a model on a GPU holds no second copy of the weights on the host
+    (`hf_host_bytes`); `experts_implementation` picks transformers' MoE expert kernels.
+    """
+    if spec.weight_format.is_fp8:
+        raise BaselineUnavailable("the Hugging Face baselines run bf16 weights; this model's "
+                                  "are FP8 (compare against the bf16 model instead)")
+    try:
+        from transformers import AutoConfig
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+        from transformers.utils import is_accelerate_available
+    except ImportError as e:
+        raise BaselineUnavailable("the Hugging Face baselines need transformers "
+                                  "(pip install 'tilertc[hf]')") from e
+    if not is_accelerate_available():  # what transformers' device_map needs
+        raise BaselineUnavailable("the Hugging Face baselines need accelerate "
+                                  "(pip install 'tilertc[hf]')")
+    check_host_memory(spec, weights, device, dtype)
+    cfg = dict(spec.hf_config)
+    config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    if spec.tie_word_embeddings:
+        weights = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
+    extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
+    try:
+        model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
+            None, config=config, state_dict=weights, dtype=dtype, attn_implementation="sdpa",
+            device_map={"": torch.device(device)}, output_loading_info=True, **extra)
+    except RuntimeError as e:  # its conversion of a tensor failed (it reports which)
+        raise ValueError(f"transformers did not load the weights as given: {e}") from e
+    unloaded = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
+    if unloaded or info.get("error_msgs"):
+        raise ValueError(f"transformers did not load the weights as given: {unloaded} "
+                         f"{info.get('error_msgs', '')}")
+    return model.eval()
+
+
+class HFStepModel:
+    """A Hugging Face transformers model of the spec's architecture (`load_hf_model`) with a
+    static KV cache. `experts_implementation` picks transformers' MoE expert kernels (None:
+    its default; "batched_mm" is what its own generate() uses under CUDA graphs).
     """
 
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                  experts_implementation: str | None = None) -> None:
-        if spec.weight_format.is_fp8:
-            raise BaselineUnavailable("the Hugging Face baselines run bf16 weights; this model's "
-                                      "are FP8 (compare against the bf16 model instead)")
-        try:
-            from transformers import AutoConfig, StaticCache
-            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-        except ImportError as e:
-            raise BaselineUnavailable("the Hugging Face baselines need transformers "
-                                      "(pip install 'tilertc[hf]')") from e
-        check_host_memory(spec, weights)
-        cfg = dict(spec.hf_config)
-        config = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+        self.model = load_hf_model(spec, weights, device, dtype, experts_implementation)
+        from transformers import StaticCache
+
         self.device, self.max_seq_len = torch.device(device), max_seq_len
-        if spec.tie_word_embeddings:
-            weights = {**weights, "lm_head.weight": weights["model.embed_tokens.weight"]}
-        extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
-        try:
-            self.model, info = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].from_pretrained(
-                None, config=config, state_dict=weights, dtype=dtype, attn_implementation="sdpa",
-                output_loading_info=True, **extra)
-        except RuntimeError as e:  # its conversion of a tensor failed (it reports which)
-            raise ValueError(f"transformers did not load the weights as given: {e}") from e
-        unloaded = {k: sorted(v) for k, v in info.items() if k != "error_msgs" and v}
-        if unloaded or info.get("error_msgs"):
-            raise ValueError(f"transformers did not load the weights as given: {unloaded} "
-                             f"{info.get('error_msgs', '')}")
-        self.model.to(self.device).eval()
-        self.config, self.static_cache_type = config, StaticCache
+        self.config, self.static_cache_type = self.model.config, StaticCache
         self.cache = self.new_cache()
         # The static cache allocates its tensors (and moves its row counter to the device) on
         # its first update; do that now and clear it, so that it cannot fall inside a CUDA

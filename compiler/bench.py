@@ -39,6 +39,7 @@ from tilertc.bench_report import (
     token_bytes,
 )
 from tilertc.compile_report import StageDisplay
+from tilertc.inspect import human_bytes
 from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
@@ -325,15 +326,20 @@ def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
 def time_baseline(name: str, spec: ModelSpec, weights: dict[str, torch.Tensor],
                   prompt: torch.Tensor, gen: int, device: str,
                   phase: Phase) -> tuple[Timing | str, str]:
-    """(timing, what ran) of one baseline, or (why it was skipped, "")."""
+    """(timing, what ran) of one baseline, or (why it was skipped, ""). What ran says how far
+    the host's memory rose while it ran (the bench holds the weights there already: a
+    baseline's own copy of them would show here)."""
     with phase(f"{name}: {gen} tokens after a {prompt.numel()}-token prefill"):
         try:
-            r = BASELINES[name](spec, weights, prompt.tolist(), gen, device)
+            with baselines.HostPeak() as host:
+                r = BASELINES[name](spec, weights, prompt.tolist(), gen, device)
         except baselines.BaselineUnavailable as e:
             return str(e), ""
         finally:
             free_gpu()
-    return Timing(r.ms_per_token_median, r.ms_per_token_p90, gen), r.name
+    detail = r.name if host.growth is None else \
+        f"{r.name}, host peak RSS +{human_bytes(host.growth)} while it ran"
+    return Timing(r.ms_per_token_median, r.ms_per_token_p90, gen), detail
 
 
 def run_bench(config: BenchConfig,

@@ -229,6 +229,9 @@ def print_point(point: BenchPoint, console: Console) -> None:
                       f"{100 * point.roofline_ms / p.step_ms:.1f}", "", style="dim")
     console.print(table)
     for r in point.systems:
+        if r.timing is not None and r.detail:
+            console.print(f"{r.name}: {r.detail}", style="dim", highlight=False)
+    for r in point.systems:
         if r.timing is None:
             console.print(f"[yellow]{r.name} skipped:[/yellow] {r.skipped}", highlight=False)
         elif r.timing.batched_arrivals:

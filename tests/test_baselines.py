@@ -17,11 +17,14 @@ from tilertc.baselines import (
     BaselineResult,
     BaselineUnavailable,
     HFStepModel,
+    HostPeak,
     bandwidth_ceiling,
     greedy_decode,
     hf_cuda_graph,
     hf_eager,
+    hf_host_bytes,
     kernel_per_op,
+    load_hf_model,
     weight_bytes_per_token,
 )
 from tilertc.ir.weights import random_weights
@@ -90,17 +93,122 @@ def test_hf_step_model_refuses_weights_it_cannot_place(name: str, missing: str) 
 
 
 def test_hf_step_model_skips_a_model_the_host_cannot_hold(monkeypatch) -> None:
-    """transformers' copy of the weights must fit the host's free memory, or the baseline is
-    skipped with the figures (a host out of memory would kill the whole bench)."""
+    """What transformers holds on the host must fit its free memory, or the baseline is skipped
+    with the figures (a host out of memory would kill the whole bench). On the host in float32,
+    every bf16 weight is cast: a full copy, twice the checkpoint's bytes."""
     from tilertc import baselines
 
     spec, weights = model_and_weights("llama-tiny")
-    need = sum(w.nbytes for w in weights.values())
+    need = hf_host_bytes(weights, "cpu", torch.float32)
+    assert need == 2 * sum(w.nbytes for w in weights.values())
     monkeypatch.setattr(baselines, "available_host_bytes", lambda: need)
-    with pytest.raises(BaselineUnavailable, match="needs ~.* of host memory .* is available"):
+    with pytest.raises(BaselineUnavailable,
+                       match="on cpu needs ~.* of host memory beside .* is available"):
         HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)
     monkeypatch.setattr(baselines, "available_host_bytes", lambda: 2 * need)
     HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32)  # fits: builds
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe-tiny", "deepseek-v3-tiny"])
+def test_hf_model_off_the_host_needs_no_host_copy(monkeypatch, name: str) -> None:
+    """Built on another device (the bench's GPU; here the meta device, through the same
+    `device_map` path) from weights already in its dtype, transformers' model holds nothing
+    on the host, MoE experts included; on the host the same weights' fused experts are a copy,
+    which a host with half of it free cannot hold."""
+    from tilertc import baselines
+
+    spec, weights = model_and_weights(name)
+    assert hf_host_bytes(weights, "meta", torch.bfloat16) == kept_fp32(weights, torch.bfloat16)
+    on_host = hf_host_bytes(weights, "cpu", torch.bfloat16)
+    assert on_host > 0
+    monkeypatch.setattr(baselines, "available_host_bytes", lambda: on_host // 2)
+    model = load_hf_model(spec, weights, "meta", torch.bfloat16)
+    assert {p.device.type for p in model.parameters()} == {"meta"}
+    with pytest.raises(BaselineUnavailable, match="on cpu needs"):
+        load_hf_model(spec, dict(weights), "cpu", torch.bfloat16)
+
+
+def kept_fp32(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """What `hf_host_bytes` counts too many: it takes an fp32 weight of a model of another
+    dtype for a cast, where transformers keeps those its modules declare fp32 as they are
+    (DeepSeek's routing correction bias, a few bytes)."""
+    return sum(w.numel() * dtype.itemsize for w in weights.values()
+               if w.dtype == torch.float32 != dtype)
+
+
+def fused_expert_layer(name: str) -> str | None:
+    """The layer of one of transformers' fused expert parameters
+    (`model.layers.1.mlp.experts.gate_up_proj`), else None."""
+    head, sep, _ = name.rpartition(".experts.")
+    return head if sep else None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny", "qwen3-moe-tiny",
+                                  "deepseek-v3-tiny"])
+def test_hf_host_bytes_counts_what_transformers_copies(name: str, dtype: torch.dtype) -> None:
+    """On the host, the parameters transformers made rather than took from the checkpoint
+    (those sharing no given tensor's storage: casts, fused experts) are what `hf_host_bytes`
+    counts, besides one layer's expert stacks in flight (and `kept_fp32`); a weight already in
+    the model's dtype is the given tensor itself."""
+    spec, weights = model_and_weights(name)
+    given = {w.untyped_storage().data_ptr() for w in weights.values()}
+    model = load_hf_model(spec, weights, "cpu", dtype)
+    made = {n: p.nbytes for n, p in model.named_parameters()
+            if p.untyped_storage().data_ptr() not in given}
+    layers: dict[str, int] = {}
+    for n, nbytes in made.items():
+        if (layer := fused_expert_layer(n)) is not None:
+            layers[layer] = layers.get(layer, 0) + nbytes
+    held = sum(made.values()) + max(layers.values(), default=0)
+    assert held <= hf_host_bytes(weights, "cpu", dtype) <= held + kept_fp32(weights, dtype)
+    if dtype == torch.bfloat16:
+        assert all(fused_expert_layer(n) for n in made), sorted(made)
+
+
+def mid_moe(width: int = 512) -> tuple:
+    """A Qwen3-MoE of 64 experts of `width` (512: ~200 MB of bf16 weights), nearly all of it
+    routed experts: large enough for its copies to stand out of a process's resident memory."""
+    spec = load_spec("qwen3-moe-tiny", {"hidden_size": width, "moe_intermediate_size": width,
+                                        "num_experts": 64})
+    return spec, random_weights(build_graph(spec, MAX_SEQ), seed=0, std=0.1)
+
+
+def test_hf_model_off_the_host_does_not_grow_host_memory() -> None:
+    """Measured: building transformers' model of ~200 MB of MoE weights on another device
+    (meta, through the same path as a GPU) raises the process's peak RSS by a small fraction of
+    the weights, where building it on the host and moving it would first stack a full copy of
+    the experts; on the host, the peak stays within `hf_host_bytes`."""
+    load_hf_model(*model_and_weights("qwen3-moe-tiny"), "cpu", torch.bfloat16)  # imports done
+    spec, weights = mid_moe()
+    nbytes = sum(w.nbytes for w in weights.values())
+    with HostPeak() as off_host:
+        load_hf_model(spec, weights, "meta", torch.bfloat16)
+    if off_host.growth is None:
+        pytest.skip("this system does not let a process reset its peak RSS")
+    assert off_host.growth < nbytes / 20, (off_host.growth, nbytes)
+    with HostPeak() as on_host:
+        load_hf_model(spec, weights, "cpu", torch.bfloat16)
+    assert 0.8 * nbytes < on_host.growth <= hf_host_bytes(weights, "cpu", torch.bfloat16), \
+        (on_host.growth, nbytes)
+
+
+def test_host_peak_sees_an_allocation() -> None:
+    with HostPeak() as peak:
+        block = torch.ones(64 << 20, dtype=torch.uint8)
+        del block
+    if peak.growth is None:
+        pytest.skip("this system does not let a process reset its peak RSS")
+    assert (60 << 20) <= peak.growth < (96 << 20)
+
+
+def test_hf_baselines_without_accelerate_are_skipped(monkeypatch) -> None:
+    import transformers.utils
+
+    spec, weights = model_and_weights("llama-tiny")
+    monkeypatch.setattr(transformers.utils, "is_accelerate_available", lambda: False)
+    with pytest.raises(BaselineUnavailable, match="need accelerate"):
+        hf_eager(spec, weights, PROMPT, 2, "cpu")
 
 
 def test_available_host_bytes_is_plausible() -> None:
@@ -199,6 +307,24 @@ def test_hf_cuda_graph_matches_hf_eager_on_gpu(name: str) -> None:
     eager = hf_eager(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     graphed = hf_cuda_graph(spec, weights, PROMPT, STEPS, "cuda", torch.float32)
     assert graphed.tokens == eager.tokens
+
+
+@pytest.mark.gpu
+def test_hf_model_on_gpu_holds_no_host_copy() -> None:
+    """transformers' model of ~800 MB of MoE weights, built on the GPU, raises the process's
+    peak RSS by a small fraction of the weights, and its parameters are the ones it makes of
+    the same weights on the host."""
+    load_hf_model(*model_and_weights("qwen3-moe-tiny"), "cuda", torch.bfloat16)  # CUDA is up
+    spec, weights = mid_moe(1024)
+    nbytes = sum(w.nbytes for w in weights.values())
+    with HostPeak() as peak:
+        model = load_hf_model(spec, weights, "cuda", torch.bfloat16)
+    on_host = dict(load_hf_model(spec, weights, "cpu", torch.bfloat16).named_parameters())
+    for name, p in model.named_parameters():
+        assert p.device.type == "cuda" and torch.equal(p.cpu(), on_host[name]), name
+    if peak.growth is None:
+        pytest.skip("this system does not let a process reset its peak RSS")
+    assert peak.growth < nbytes / 10, (peak.growth, nbytes)
 
 
 @pytest.mark.gpu

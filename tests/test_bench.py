@@ -33,6 +33,7 @@ from tilertc.bench import (
     quiet_phase,
     resolve_artifacts,
     run_gate,
+    time_baseline,
 )
 from tilertc.bench_gate import MIN_CLEAR_STEPS, GateFailure, check_decode, clear_margins
 from tilertc.bench_report import (
@@ -358,8 +359,35 @@ def test_finish_writes_json_and_charts(tmp_path: Path) -> None:
     assert d["profile"]["ops"][1]["op"] == "mlp" and d["profile"]["context"] == 1024
     text = console.export_text()
     for fact in ("tilertc", "hf-eager", "skipped: needs transformers", "measured roofline",
-                 "tilertc predicted", "mlp"):
+                 "tilertc predicted", "mlp", "tilertc: kernel"):
         assert fact in text
+
+
+def test_time_baseline_reports_the_host_memory_it_took(monkeypatch) -> None:
+    """A baseline that holds 64 MiB (67 MB) more of host memory while it runs says so in what
+    ran; one that cannot run says why, as before."""
+    from tilertc import bench
+    from tilertc.baselines import BaselineResult, BaselineUnavailable
+
+    def hoarder(spec, weights, prompt, gen, device) -> BaselineResult:
+        held = torch.ones(64 << 20, dtype=torch.uint8)
+        return BaselineResult.from_seconds("hoarder-eager", [1e-3 * (1 + held[0].item())] * gen)
+
+    def unavailable(*args) -> BaselineResult:
+        raise BaselineUnavailable("needs a CUDA device")
+
+    monkeypatch.setattr(bench, "BASELINES", {"hoarder": hoarder, "none": unavailable})
+    spec = load_spec("llama-tiny")
+    timing, detail = time_baseline("hoarder", spec, {}, torch.zeros(4, dtype=torch.long), 8,
+                                   "cpu", quiet_phase)
+    assert timing.tokens == 8 and timing.ms_median == pytest.approx(2.0)
+    if detail == "hoarder-eager":
+        pytest.skip("this system does not let a process reset its peak RSS")
+    name, grew = detail.split(", host peak RSS +")
+    assert name == "hoarder-eager" and grew.endswith(" MB while it ran")
+    assert 64 <= float(grew.split()[0]) < 100
+    assert time_baseline("none", spec, {}, torch.zeros(4, dtype=torch.long), 8, "cpu",
+                         quiet_phase) == ("needs a CUDA device", "")
 
 
 def test_table_says_when_token_arrivals_came_in_bursts() -> None:
