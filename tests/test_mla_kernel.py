@@ -175,11 +175,12 @@ def test_derived_kv_b_scales_dequantize_to_the_derived_weights() -> None:
 
 def step_source() -> str:
     """What the `step` command runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), GQA
-    attention's key/value pages (its proxy fence has no host meaning) and the loader of a
-    split-K FFN task, and everything compute runs for a task (the sampling section through the
-    split-K FFN section: matrix-vector tasks, the exchanges between ranks, embedding, sampler,
-    MoE router, attention, split-K)."""
+    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), the
+    start of a ring page (over the harness's claim_page), GQA attention's key/value pages (its
+    proxy fence has no host meaning) and the loader of a split-K FFN task, and everything
+    compute runs for a task (the sampling section through the split-K FFN section:
+    matrix-vector tasks, the exchanges between ranks, embedding, sampler, MoE router,
+    attention, split-K)."""
     k = KernelSource()
     kv_pages = k.between("// Attention streams the past keys", "#endif  // !MLA").replace(
         'asm volatile("fence.proxy.async.global;" ::: "memory");', "")
@@ -190,6 +191,7 @@ def step_source() -> str:
         k.line("__device__ __forceinline__ int rows_per_page"),
         k.line("constexpr int SIGNAL_THREAD"),
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
+        k.definition("__device__ __forceinline__ uint8_t* start_page("),
         f"#if !MLA\n{kv_pages}#endif",
         "#if FFN_SPLIT_K", k.definition("__device__ bool load_rows("),
         k.definition("__device__ bool load_split_k("), "#endif",

@@ -395,6 +395,17 @@ __device__ uint8_t* claim_page(const Params& p, Shared& s, uint32_t issued) {
   return s.ring + slot * PAGE_BYTES;
 }
 
+// The next page of the ring, for `bytes` of bulk copies: claims it (claim_page), arms its slot's
+// `full` barrier for those bytes and counts it issued. Null when the launch is ending or failing.
+__device__ __forceinline__ uint8_t* start_page(const Params& p, Shared& s, uint32_t& issued, uint32_t bytes,
+                                               uint64_t*& full) {
+  uint8_t* page = claim_page(p, s, issued);
+  if (!page) return nullptr;
+  full = &s.full[issued++ % RING_PAGES];
+  mbar_expect_tx(full, bytes);
+  return page;
+}
+
 #if !MLA  // MLA attention reads its latent cache itself (run_mla_attention)
 // Attention streams the past keys and values of its context chunk (positions before this
 // step's, which the chunk's task adds itself) through the ring as matrix-vector tasks stream
@@ -429,12 +440,11 @@ __device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long lon
   const __nv_bfloat16* k = p.kv + t[F_KCACHE] + row0 * HEAD_DIM;
   const __nv_bfloat16* v = p.kv + t[F_VCACHE] + row0 * HEAD_DIM;
   for (long long r = 0; r < ch.past; r += KV_KEYS_PER_PAGE) {
-    uint8_t* page = claim_page(p, s, issued);
-    if (!page) return false;
     const uint32_t bytes = static_cast<uint32_t>(min(static_cast<long long>(KV_KEYS_PER_PAGE), ch.past - r)) *
                            KV_ROW_BYTES;
-    uint64_t* full = &s.full[issued++ % RING_PAGES];
-    mbar_expect_tx(full, 2 * bytes);
+    uint64_t* full;
+    uint8_t* page = start_page(p, s, issued, 2 * bytes, full);
+    if (!page) return false;
     bulk_copy(page, k + r * HEAD_DIM, bytes, full);
     bulk_copy(page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, v + r * HEAD_DIM, bytes, full);
   }
@@ -448,11 +458,10 @@ __device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long lon
 __device__ bool load_rows(const Params& p, Shared& s, const uint8_t* src, int rows, int rb, uint32_t& issued) {
   const int rpp = PAGE_BYTES / rb;
   for (int r = 0; r < rows; r += rpp) {
-    uint8_t* page = claim_page(p, s, issued);
-    if (!page) return false;
     const uint32_t bytes = min(rpp, rows - r) * rb;
-    uint64_t* full = &s.full[issued++ % RING_PAGES];
-    mbar_expect_tx(full, bytes);
+    uint64_t* full;
+    uint8_t* page = start_page(p, s, issued, bytes, full);
+    if (!page) return false;
     bulk_copy(page, src + static_cast<long long>(r) * rb, bytes, full);
   }
   return true;
@@ -510,11 +519,10 @@ __device__ void run_loader(const Params& p, Shared& s) {
       const int lrb = rb;
 #endif
       for (int r = 0; r < rows; r += rpp) {
-        uint8_t* page = claim_page(p, s, issued);
-        if (!page) goto drain;
         const uint32_t bytes = min(rpp, rows - r) * lrb;
-        uint64_t* full = &s.full[issued++ % RING_PAGES];
-        mbar_expect_tx(full, bytes);
+        uint64_t* full;
+        uint8_t* page = start_page(p, s, issued, bytes, full);
+        if (!page) goto drain;
 #if MOE
         if (routed && GATHERS_PIECES(t))
           copy_pieces(page, piece, t, r, min(rpp, rows - r), full);
