@@ -160,12 +160,7 @@ class CUDAGraphStepper:
 
 def available_host_bytes() -> int | None:
     """The host memory free for new allocations (Linux's MemAvailable), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError):
-        return None
-    return kib * 1024
+    return _proc_bytes("/proc/meminfo", "MemAvailable:")
 
 
 class HostPeak:
@@ -186,20 +181,21 @@ class HostPeak:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            self.start = _proc_status_bytes("VmRSS:")
+            self.start = _proc_bytes("/proc/self/status", "VmRSS:")
         except OSError:
             self.start = None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        peak = _proc_status_bytes("VmHWM:")
+        peak = _proc_bytes("/proc/self/status", "VmHWM:")
         if self.start is not None and peak is not None:
             self.growth = max(0, peak - self.start)
 
 
-def _proc_status_bytes(field: str) -> int | None:
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A Linux /proc file's `field` (a count of KiB) in bytes, or None where it is not to be had."""
     try:
-        with open("/proc/self/status") as f:
+        with open(path) as f:
             kib = next(int(line.split()[1]) for line in f if line.startswith(field))
     except (OSError, StopIteration, ValueError):
         return None
