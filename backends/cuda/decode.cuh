@@ -1451,6 +1451,14 @@ constexpr int KEYS_PER_WARP = 32 / LANES_PER_KEY;
 constexpr int KEY_ROUNDS = 8 / KV_DIMS;  // 4 registers of keys and 4 of values per lane
 constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: out, max, sum
 using KvPiece = std::conditional_t<KV_DIMS == 8, uint4, uint2>;
+// The warps' partial results are summed in shared memory without atomics: a float atomicAdd on
+// shared memory is a compare-and-swap loop, and 16 warps adding to the same addresses took most
+// of an attention task (Qwen3-30B-A3B, 8 query heads of 128: 16 µs). Warp w adds its rescaled
+// sums to slot w % WARP_SLOTS (slot 0 is the task's `out`; the others lie where the merge
+// stages chunk results later, room for ATTN_MERGE_CHUNKS of them), one slot-sized round of
+// warps at a time, then each sum is taken over the slots in order: the same bits every run.
+constexpr int WARP_SLOTS = COMPUTE_WARPS < ATTN_MERGE_CHUNKS + 1 ? COMPUTE_WARPS : ATTN_MERGE_CHUNKS + 1;
+static_assert((COMPUTE_WARPS + 1) * GROUP <= MISC_FLOATS, "the warps' and the chunk's maxima exceed s.red");
 
 // KV_DIMS bf16 values of a cache row, widened.
 __device__ __forceinline__ void widen(const KvPiece& q, float (&f)[KV_DIMS]) {
@@ -1581,7 +1589,6 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
       kv[i] = __ldcg(qkv + (N_HEADS + g) * HEAD_DIM + i);
       kv[HEAD_DIM + i] = __ldcg(qkv + (N_HEADS + N_KV_HEADS + g) * HEAD_DIM + i);
     }
-  for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) out[i] = 0.f;
   compute_sync();
   for (int v = warp; v <= GROUP; v += COMPUTE_WARPS) {  // vectors 0..GROUP-1: queries; GROUP: key
     const bool is_key = v == GROUP;
@@ -1634,24 +1641,47 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
       const float m2 = __shfl_xor_sync(0xffffffffu, m[h], o), l2 = __shfl_xor_sync(0xffffffffu, l[h], o);
       merge_softmax(m[h], l[h], acc[h], m2, l2, acc2);
     }
-  float* wm = s.red;  // [COMPUTE_WARPS][GROUP]
+  float* wm = s.red;                        // [COMPUTE_WARPS][GROUP]: the warps' maxima
+  float* chunk_max = wm + COMPUTE_WARPS * GROUP;  // [GROUP]
   if (lane == 0)
     for (int h = 0; h < GROUP; ++h) wm[warp * GROUP + h] = m[h];
-  compute_sync();
-#pragma unroll
-  for (int h = 0; h < GROUP; ++h) {
+  compute_sync();  // also: every warp is done reading `cur`, which the first slot after `out` overwrites
+  if (ct < GROUP) {
     float mx = -INFINITY;
-    for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + h]);
-    const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - mx);
-    if (kw == 0 && sub * KV_DIMS < HEAD_DIM)
-#pragma unroll
-      for (int j = 0; j < KV_DIMS; ++j) atomicAdd(&out[h * (HEAD_DIM + 2) + sub * KV_DIMS + j], acc[h][j] * f);
-    if (lane == 0) atomicAdd(&out[h * (HEAD_DIM + 2) + HEAD_DIM + 1], l[h] * f);
-    if (ct == 0) out[h * (HEAD_DIM + 2) + HEAD_DIM] = mx;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + ct]);
+    chunk_max[ct] = mx;
   }
   compute_sync();
+  for (int round = 0; round * WARP_SLOTS < COMPUTE_WARPS; ++round) {
+    if (warp / WARP_SLOTS == round) {
+      float* slot = out + ((opaque(ct) >> 5) % WARP_SLOTS) * PART;  // opaque: no spill in llama-3.2-1b
+#pragma unroll
+      for (int h = 0; h < GROUP; ++h) {
+        const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - chunk_max[h]);
+        if (kw == 0 && sub * KV_DIMS < HEAD_DIM)
+#pragma unroll
+          for (int j = 0; j < KV_DIMS; ++j) {
+            float& o = slot[h * (HEAD_DIM + 2) + sub * KV_DIMS + j];
+            o = (round ? o : 0.f) + acc[h][j] * f;
+          }
+        if (lane == 0) {
+          float& o = slot[h * (HEAD_DIM + 2) + HEAD_DIM + 1];
+          o = (round ? o : 0.f) + l[h] * f;
+        }
+      }
+    }
+    compute_sync();
+  }
+  // The chunk's result: per head the slots' sums in slot order, and the warps' max.
   float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * PART;
-  for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) __stcg(parts + c * PART + i, out[i]);
+  for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) {
+    float v = 0.f;
+    if (i % (HEAD_DIM + 2) == HEAD_DIM)
+      v = chunk_max[i / (HEAD_DIM + 2)];
+    else
+      for (int b = 0; b < WARP_SLOTS; ++b) v += out[b * PART + i];
+    __stcg(parts + c * PART + i, v);
+  }
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge the group's chunks: every chunk's max and sum per head, and the chunk results
   // ATTN_MERGE_CHUNKS at a time through shared memory (passes/tiling.py: as many as fit a third
