@@ -107,6 +107,7 @@ static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; retu
 static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline int opaque(int x) { return x; }  // on the GPU: a value the compiler may not hoist
 template <class T> static inline T __ldcg(const T* p) { return *p; }
 template <class T> static inline void __stcg(T* p, T v) { *p = v; }
 static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
@@ -378,7 +379,10 @@ static void route_command() {
   t[F_AUX2] = MOE_EXPERTS;
   t[F_OUT] = inputs;
   t[F_AUX] = inputs + MOE_TOP_K;
-  run_block([&](int ct) { run_moe_topk(p, t, ct); });
+  std::vector<float> vec(MAX_K, NAN);
+  Shared s{};
+  s.vec = vec.data();
+  run_block([&](int ct) { run_moe_topk(p, s, t, ct); });
   for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%d ", __float_as_int(act[inputs + k]));
   for (int k = 0; k < MOE_TOP_K; ++k) std::printf("%u ", __float_as_uint(act[inputs + MOE_TOP_K + k]));
   std::printf("\n");
@@ -502,7 +506,7 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
     switch (t[F_OPCODE]) {
       case OP_EMBED: run_embed(p, t, 0, ct); break;
 #if MOE
-      case OP_MOE_TOPK: run_moe_topk(p, t, ct); break;
+      case OP_MOE_TOPK: run_moe_topk(p, s, t, ct); break;
       case OP_MOE_GATE_UP:
       case OP_MOE_DOWN_ADD:
 #endif

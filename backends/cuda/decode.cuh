@@ -1838,16 +1838,15 @@ __device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long 
 
 #if MOE
 // ---- compute: the MoE router (ir/moe.py: route) ---------------------------------------------
-// One warp; lane l holds experts l, l + 32, ... Scores in fp32: the softmax of the experts'
-// logits (Qwen3-MoE) or each logit's sigmoid (MOE_SIGMOID, DeepSeek-V3). Experts are selected
-// by their scores plus the correction bias (MOE_BIAS), within the MOE_TOPK_GROUP of MOE_GROUPS
-// groups whose two best such values sum highest (the others' values set to -inf, as route()
-// masks them); the MOE_TOP_K best, best first (equal values: the lower expert first, as
-// ir/moe.py: top defines it). A selection round takes each lane's best untaken expert, then the
-// warp's best. The weights are the chosen experts' scores, renormalized when
-// MOE_NORM_TOPK_PROB, times MOE_SCALING. The order is total (NaN above every value, as torch's
-// sort puts it), so that the lanes agree on the winner and even NaN logits give valid, distinct
-// ids: the loader trusts them.
+// One warp computes the values: lane l holds experts l, l + 32, ... Scores in fp32: the softmax
+// of the experts' logits (Qwen3-MoE) or each logit's sigmoid (MOE_SIGMOID, DeepSeek-V3). Experts
+// are selected by their scores plus the correction bias (MOE_BIAS), within the MOE_TOPK_GROUP of
+// MOE_GROUPS groups whose two best such values sum highest (the others' values set to -inf, as
+// route() masks them); the MOE_TOP_K best, best first (equal values: the lower expert first, as
+// ir/moe.py: top defines it), ranked by all compute threads (run_moe_topk). The weights are the
+// chosen experts' scores, renormalized when MOE_NORM_TOPK_PROB, times MOE_SCALING. The order is
+// total (NaN above every value, as torch's sort puts it), so that every expert has its own rank
+// and even NaN logits give valid, distinct ids: the loader trusts them.
 constexpr int EXPERTS_PER_LANE = (MOE_EXPERTS + 31) / 32;
 // Whether experts are selected by other values than their scores, which are then looked up.
 #define MOE_CHOICE (MOE_BIAS || MOE_TOPK_GROUP < MOE_GROUPS)
@@ -1904,16 +1903,6 @@ __device__ __forceinline__ void limit_groups(float (&sc)[EXPERTS_PER_LANE], int 
 }
 #endif
 
-#if MOE_CHOICE
-// The score of expert e, from the lane that holds it (every lane calls this with the same e).
-__device__ __forceinline__ float score_of(const float (&sc)[EXPERTS_PER_LANE], int e) {
-  float v = 0.f;
-#pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
-    if (j == e >> 5) v = sc[j];
-  return __shfl_sync(0xffffffffu, v, e & 31);
-}
-#endif
 
 #if TP > 1
 // Expert parallelism (passes/sharding.py): every rank routes the token alike, and rank r keeps
@@ -1942,76 +1931,79 @@ __device__ void route_local(const Params& p, const int* t, int ct, float weight,
 }
 #endif
 
-__device__ void run_moe_topk(const Params& p, const int* t, int ct) {
-  if (ct >= 32) return;
-  const float* logits = p.act + t[F_IN];
-  float sc[EXPERTS_PER_LANE];  // the values experts are selected by (below: their scores)
-  unsigned taken = 0;  // bit j: expert ct + 32 j is chosen, or does not exist
-  float mx = -INFINITY;
+// A selection value's order as one 64-bit key, larger first: the value's order (NaN above every
+// number, -0 equal to 0) then the lower expert. Expert f is chosen before e iff its key is larger.
+__device__ __forceinline__ unsigned long long route_key(float v, int e) {
+  const uint32_t k = v != v ? 0xffffffffu : order_key(v + 0.f);
+  return static_cast<unsigned long long>(k) << 32 | (0xffffffffu - static_cast<uint32_t>(e));
+}
+
+// The selection is by rank, in parallel: ROUTE_LANES threads count, for each expert, the experts
+// ranked before it (its rank), and the experts of rank < MOE_TOP_K take their slots. A warp
+// selecting one expert per round (a warp-wide argmax, MOE_TOP_K times) was a chain of dependent
+// shuffles: 5 µs per Qwen3-30B-A3B layer, while every routed task waited on it.
+constexpr int route_lanes(int lanes) { return lanes < 32 && MOE_EXPERTS * lanes * 2 <= NT ? route_lanes(2 * lanes) : lanes; }
+constexpr int ROUTE_LANES = route_lanes(1);
+static_assert(3 * MOE_EXPERTS + 2 * MOE_TOP_K <= MAX_K, "the router's keys, weights and choices are staged in s.vec");
+
+__device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
+  unsigned long long* keys = reinterpret_cast<unsigned long long*>(s.vec);  // [MOE_EXPERTS]
+  float* weight = s.vec + 2 * MOE_EXPERTS;                                   // [MOE_EXPERTS]: scores
+  int* choice = reinterpret_cast<int*>(weight + MOE_EXPERTS);                // [MOE_TOP_K]: best first
+  if (ct < 32) {
+    const float* logits = p.act + t[F_IN];
+    float sc[EXPERTS_PER_LANE];  // the values experts are selected by (below: their scores)
+    float mx = -INFINITY;
 #pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
-    const bool on = ct + 32 * j < MOE_EXPERTS;
-    sc[j] = on ? __ldcg(logits + ct + 32 * j) : -INFINITY;
-    taken |= on ? 0u : 1u << j;
-    mx = fmaxf(mx, sc[j]);
-  }
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
+      sc[j] = ct + 32 * j < MOE_EXPERTS ? __ldcg(logits + ct + 32 * j) : -INFINITY;
+      mx = fmaxf(mx, sc[j]);
+    }
 #if MOE_SIGMOID
 #pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
-    if (!(taken >> j & 1u)) sc[j] = 1.f / (1.f + expf(-sc[j]));
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j) sc[j] = 1.f / (1.f + expf(-sc[j]));
 #else
-  mx = warp_max(mx);
-  float sum = 0.f;
+    mx = warp_max(mx);
+    float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
-    sc[j] = expf(sc[j] - mx);
-    sum += sc[j];
-  }
-  sum = warp_sum(sum);
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
+      sc[j] = expf(sc[j] - mx);
+      sum += ct + 32 * j < MOE_EXPERTS ? sc[j] : 0.f;
+    }
+    sum = warp_sum(sum);
 #pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j) sc[j] = sc[j] / sum;
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j) sc[j] = sc[j] / sum;
 #endif
-#if MOE_CHOICE  // scores + bias (F_AUX2), then groups; the scores kept for the weights
-  float score[EXPERTS_PER_LANE];
-#pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j) {
-    score[j] = sc[j];
-    if (MOE_BIAS && !(taken >> j & 1u)) sc[j] += __ldcg(p.act + t[F_AUX2] + ct + 32 * j);
-  }
-#if MOE_TOPK_GROUP < MOE_GROUPS
-  limit_groups(sc, ct);
-#endif
-#endif
-  float mine = 0.f;  // lane k: the score of the k-th choice
-  int mine_id = 0;
-  for (int k = 0; k < MOE_TOP_K; ++k) {
-    float best = 0.f;
-    int id = MOE_EXPERTS;  // none
 #pragma unroll
     for (int j = 0; j < EXPERTS_PER_LANE; ++j)
-      if (!(taken >> j & 1u) && (id == MOE_EXPERTS || routed_before(sc[j], ct + 32 * j, best, id))) {
-        best = sc[j];
-        id = ct + 32 * j;
-      }
+      if (ct + 32 * j < MOE_EXPERTS) weight[ct + 32 * j] = sc[j];
+#if MOE_CHOICE  // scores + bias (F_AUX2), then groups
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float v = __shfl_xor_sync(0xffffffffu, best, o);
-      const int e = __shfl_xor_sync(0xffffffffu, id, o);
-      if (e != MOE_EXPERTS && (id == MOE_EXPERTS || routed_before(v, e, best, id))) {
-        best = v;
-        id = e;
-      }
-    }
-    if ((id & 31) == ct) taken |= 1u << (id >> 5);
-#if MOE_CHOICE
-    best = score_of(score, id);
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+      if (MOE_BIAS && ct + 32 * j < MOE_EXPERTS) sc[j] += __ldcg(p.act + t[F_AUX2] + ct + 32 * j);
+#if MOE_TOPK_GROUP < MOE_GROUPS
+    limit_groups(sc, ct);
 #endif
-    if (k == ct) {
-      mine = best;
-      mine_id = id;
-    }
+#endif
+#pragma unroll
+    for (int j = 0; j < EXPERTS_PER_LANE; ++j)
+      if (ct + 32 * j < MOE_EXPERTS) keys[ct + 32 * j] = route_key(sc[j], ct + 32 * j);
   }
-  if (MOE_NORM_TOPK_PROB) mine = mine / (warp_sum(ct < MOE_TOP_K ? mine : 0.f) + 1e-20f);
+  compute_sync();
+  for (int base = 0; base < MOE_EXPERTS; base += NT / ROUTE_LANES) {  // uniform: shuffles below
+    const int e = base + ct / ROUTE_LANES, part = ct % ROUTE_LANES;
+    const unsigned long long mine = e < MOE_EXPERTS ? keys[e] : ~0ull;
+    int rank = 0;
+    for (int f = part; f < MOE_EXPERTS; f += ROUTE_LANES) rank += keys[f] > mine;
+#pragma unroll
+    for (int o = 1; o < ROUTE_LANES; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
+    if (e < MOE_EXPERTS && part == 0 && rank < MOE_TOP_K) choice[rank] = e;
+  }
+  compute_sync();
+  if (ct >= 32) return;
+  const int mine_id = ct < MOE_TOP_K ? choice[ct] : 0;
+  float mine = ct < MOE_TOP_K ? weight[mine_id] : 0.f;  // lane k: the score of the k-th choice
+  if (MOE_NORM_TOPK_PROB) mine = mine / (warp_sum(mine) + 1e-20f);
 #if TP > 1
   route_local(p, t, ct, mine, mine_id);
 #else
@@ -2443,7 +2435,7 @@ __device__ void run_compute(const Params& p, Shared& s) {
       switch (t[F_OPCODE]) {
         case OP_EMBED: ok = run_embed(p, t, step, ct); break;
 #if MOE
-        case OP_MOE_TOPK: run_moe_topk(p, t, opaque(ct)); break;
+        case OP_MOE_TOPK: run_moe_topk(p, s, t, opaque(ct)); break;
         case OP_MOE_GATE_UP:
         case OP_MOE_DOWN_ADD:
 #endif
