@@ -8,6 +8,7 @@ gets 32 chunks per group instead of 17.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -35,17 +36,25 @@ def test_chunks_follow_the_sms_and_the_merge_stages_what_fits(name: str, chunks:
     assert (tile["chunks"], tile["merge_chunks"]) == (chunks, merge_chunks)
 
 
-@pytest.mark.parametrize("prefill", [20, 100])
-def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkeypatch,
-                                                          prefill: int) -> None:
-    """decode.cuh's own step on the host with the merge given room for 3 chunk results: 32
-    chunks merge in 11 batches, the last of 2; at a 20-token prompt 11 chunks are empty."""
+@pytest.mark.parametrize(("room", "prefill", "sms", "chunks"), [
+    (4, 20, 132, 32), (4, 100, 132, 32),
+    (2, 200, 8, 4),  # 50 keys per chunk: every one of the 4 compute warps holds some
+])
+def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkeypatch, room: int,
+                                                          prefill: int, sms: int,
+                                                          chunks: int) -> None:
+    """decode.cuh's own step on the host with the merge given room for `room` chunk results
+    (its own and room - 1 staged): with 3 staged, 32 chunks merge in 11 batches, the last of 2,
+    and at a 20-token prompt 11 chunks are empty; with 1 staged, the 4 compute warps sum their
+    partial results in 2 rounds over 2 slots (WARP_SLOTS), on a GPU of 8 SMs so that every warp
+    has keys of its chunk."""
     spec = tilertc.load_spec("qwen3-tiny")
     group = spec.num_heads // spec.num_kv_heads
     part_bytes = group * (spec.head_dim + 2) * 4
-    monkeypatch.setattr(tiling, "MERGE_SMEM_SHARE", get_target("h200").smem_per_block
-                        // (4 * part_bytes))
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", prefill)
+    target = dataclasses.replace(get_target("h200"), num_sms=sms)
+    monkeypatch.setattr(tiling, "MERGE_SMEM_SHARE", target.smem_per_block // (room * part_bytes))
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, prefill)
     tile = program.graph.op("layers.0.attention").attrs["tile"]
-    assert (tile["chunks"], tile["merge_chunks"]) == (32, 3)
+    assert (tile["chunks"], tile["merge_chunks"]) == (chunks, room - 1)
+    assert program.config["compute_warps"] == 4
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
