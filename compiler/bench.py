@@ -60,7 +60,7 @@ WARMUP_TOKENS = 8
 PREFILL_CHUNK = 1024
 PROFILE_STEPS = 8
 # CompileOptions' tuning fields; the flags among them take 0 or 1
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "ffn_split_k")
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k")
 TUNING_FLAGS = ("ffn_split_k",)
 
 Phase = Callable[[str], AbstractContextManager[None]]

@@ -43,6 +43,7 @@ class CompileOptions:
     compute_warps: int | None = None  # None: the roles pass decides
     page_kb: int | None = None  # None: the residency pass decides
     page_groups: int | None = None  # None: the roles pass decides
+    attn_chunks: int | None = None  # None: the tiling pass decides (GQA context chunks per group)
     # Projection weights: "fp8" (e4m3, 128x128 block scales) or "bf16"; None: the model
     # config's own format (bf16 unless it has an FP8 quantization_config).
     weight_dtype: str | None = None
@@ -242,7 +243,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
     tuning = {k: v for k, v in (("compute_warps", options.compute_warps),
                                 ("page_kb", options.page_kb),
-                                ("page_groups", options.page_groups)) if v is not None}
+                                ("page_groups", options.page_groups),
+                                ("attn_chunks", options.attn_chunks)) if v is not None}
     if options.ffn_split_k:
         tuning["ffn_split_k"] = True
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)

@@ -31,7 +31,8 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
                  max_seq_len: int | None = None, tuning: dict | None = None) -> Program:
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
-    `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`), for experiments."""
+    `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
+    `attn_chunks`, `ffn_split_k`), for experiments."""
     program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
     program.config["tuning"] = dict(tuning or {})
     for run in PASSES:

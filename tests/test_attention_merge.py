@@ -18,10 +18,11 @@ import tilertc
 from tilertc.ir.target import get_target
 from tilertc.passes import tiling
 from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import ScheduleError
 
 
-def attention_tile(name: str) -> dict:
-    program = make_program(tilertc.load_spec(name), "h200", max_seq_len=1152)
+def attention_tile(name: str, tuning: dict | None = None) -> dict:
+    program = make_program(tilertc.load_spec(name), "h200", max_seq_len=1152, tuning=tuning)
     return program.graph.op("layers.0.attention").attrs["tile"]
 
 
@@ -34,6 +35,16 @@ def test_chunks_follow_the_sms_and_the_merge_stages_what_fits(name: str, chunks:
                                                               merge_chunks: int) -> None:
     tile = attention_tile(name)
     assert (tile["chunks"], tile["merge_chunks"]) == (chunks, merge_chunks)
+
+
+def test_attn_chunks_knob_caps_the_chunks() -> None:
+    """`--tune attn_chunks=N` caps the chunks per KV group (to try fewer); 16 chunks of
+    Qwen3-30B-A3B's results fit one merge batch. Fewer than one is refused by name."""
+    assert attention_tile("qwen3-30b-a3b", {"attn_chunks": 16})["chunks"] == 16
+    assert attention_tile("qwen3-30b-a3b", {"attn_chunks": 16})["merge_chunks"] == 16
+    assert attention_tile("llama-3.2-1b", {"attn_chunks": 64})["chunks"] == 16  # 132 SMs // 8
+    with pytest.raises(ScheduleError, match="attn_chunks=0"):
+        attention_tile("qwen3-30b-a3b", {"attn_chunks": 0})
 
 
 @pytest.mark.parametrize(("room", "prefill", "sms", "chunks"), [
