@@ -1903,7 +1903,6 @@ __device__ __forceinline__ void limit_groups(float (&sc)[EXPERTS_PER_LANE], int 
 }
 #endif
 
-
 #if TP > 1
 // Expert parallelism (passes/sharding.py): every rank routes the token alike, and rank r keeps
 // the chosen experts it holds, [r MOE_LOCAL, (r + 1) MOE_LOCAL), best first, in slots
@@ -1942,7 +1941,9 @@ __device__ __forceinline__ unsigned long long route_key(float v, int e) {
 // ranked before it (its rank), and the experts of rank < MOE_TOP_K take their slots. A warp
 // selecting one expert per round (a warp-wide argmax, MOE_TOP_K times) was a chain of dependent
 // shuffles: 5 µs per Qwen3-30B-A3B layer, while every routed task waited on it.
-constexpr int route_lanes(int lanes) { return lanes < 32 && MOE_EXPERTS * lanes * 2 <= NT ? route_lanes(2 * lanes) : lanes; }
+constexpr int route_lanes(int lanes) {
+  return lanes < 32 && MOE_EXPERTS * lanes * 2 <= NT ? route_lanes(2 * lanes) : lanes;
+}
 constexpr int ROUTE_LANES = route_lanes(1);
 static_assert(3 * MOE_EXPERTS + 2 * MOE_TOP_K <= MAX_K, "the router's keys, weights and choices are staged in s.vec");
 
