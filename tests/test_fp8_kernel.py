@@ -292,17 +292,24 @@ def fp8_source() -> str:
             + src[start:src.index("\n}\n", pieces) + 3])
 
 
-@pytest.fixture(scope="module")
-def host_dot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def host_cuda_compiler() -> tuple[str, Path]:
+    """g++ and the CUDA include directory (beside nvcc, or /usr/local/cuda's), for harnesses
+    that convert e4m3 with cuda_fp8.h on the host; skips the test without them."""
     cxx = shutil.which("g++")
     include = [p for p in (Path(codegen.find_nvcc()).resolve().parents[1] / "include",
                            Path("/usr/local/cuda/include")) if (p / "cuda_fp8.h").is_file()]
     if cxx is None or not include:
         pytest.skip("needs g++ and the CUDA headers (cuda_fp8.h)")
+    return cxx, include[0]
+
+
+@pytest.fixture(scope="module")
+def host_dot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cxx, include = host_cuda_compiler()
     out = tmp_path_factory.mktemp("host_fp8")
     (out / "fp8_extract.inc").write_text(fp8_source())
     exe = out / "host_fp8_dot"
-    subprocess.run([cxx, "-O1", "-std=c++20", "-pthread", f"-I{out}", f"-I{include[0]}",
+    subprocess.run([cxx, "-O1", "-std=c++20", "-pthread", f"-I{out}", f"-I{include}",
                     "-DFP8_BLOCK_COLS=128", "-o", str(exe), str(HARNESS)],
                    check=True, capture_output=True, text=True)
     return exe

@@ -1093,31 +1093,54 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   }
 }
 
-// The loop every row format shares: a segment's 4-column groups [2 begin, 2 end), lane l taking
-// groups l, l + 32, ..., so that a warp's loads are contiguous (for bf16: 256 B of weights and
-// 512 B of x; a lane reading a whole 16-byte piece would read x at a 32-byte stride, twice the
-// shared-memory wavefronts). Four groups at a time, loads first, into four independent sums,
-// so that a page's time on the compute warps (part of its ring slot's time) is short. `Row`
-// says how a group's weights are loaded (`load`) and multiplied with 4 inputs (`dot`).
-template <class Row>
-__device__ __forceinline__ float dot_groups(const Row& row, const float* x, int begin, int end, int lane) {
+// The loop every row format shares: a segment's 4-column groups [2 begin, 2 end) of N rows of
+// one format (a row, or an FP8 gate/up row's two halves), lane l taking groups l, l + 32, ...,
+// so that a warp's loads are contiguous (for bf16: 256 B of weights and 512 B of x; a lane
+// reading a whole 16-byte piece would read x at a 32-byte stride, twice the shared-memory
+// wavefronts). Four groups at a time, loads first, into four independent sums per row, so that
+// a page's time on the compute warps (part of its ring slot's time) is short. The N rows share
+// each load of x (16 bytes of shared memory per 4 weights: for an FP8 row 4x its weight bytes,
+// most of its shared-memory traffic). A row's sums are the ones N = 1 computes, from the same
+// groups in the same order, so its result does not depend on N. `Row` says how a group's
+// weights are loaded (`load`) and multiplied with 4 inputs (`dot`); y[n] is row n's warp sum.
+template <class Row, int N>
+__device__ __forceinline__ void dot_groups(const Row (&row)[N], const float* x, int begin, int end, int lane,
+                                           float (&y)[N]) {
+  static_assert(N == 1 || N == 2, "a row or a pair of rows");
   const float4* x4 = reinterpret_cast<const float4*>(x);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[4 * N] = {};  // row n's four sums: acc[4 n], ..., acc[4 n + 3]
   int i = 2 * begin + lane;
   const int stop = 2 * end;
   for (; i + 96 < stop; i += 128) {
-    typename Row::Group q[4];
+    typename Row::Group q[N][4];
     float4 a[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      q[u] = row.load(i + 32 * u);
+#pragma unroll
+      for (int n = 0; n < N; ++n) q[n][u] = row[n].load(i + 32 * u);
       a[u] = x4[i + 32 * u];
     }
 #pragma unroll
-    for (int u = 0; u < 4; ++u) acc[u] = Row::dot(q[u], a[u], acc[u]);
+    for (int j = 0; j < 4 * N; ++j) acc[j] = Row::dot(q[j / 4][j % 4], a[j % 4], acc[j]);
   }
-  for (; i < stop; i += 32) acc[0] = Row::dot(row.load(i), x4[i], acc[0]);
-  return warp_sum((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  for (; i < stop; i += 32) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) acc[4 * n] = Row::dot(row[n].load(i), x4[i], acc[4 * n]);
+  }
+  const auto sum = [&](int n) { return (acc[4 * n] + acc[4 * n + 1]) + (acc[4 * n + 2] + acc[4 * n + 3]); };
+  // spelled out, not a loop over n: that loop around warp_sum's own changed the one-row
+  // kernels' machine code elsewhere (nvcc 13 unrolls the kernel's other loops differently)
+  y[0] = warp_sum(sum(0));
+  if (N == 2) y[N - 1] = warp_sum(sum(N - 1));
+}
+
+// dot_groups of one row.
+template <class Row>
+__device__ __forceinline__ float dot_row(const Row& row, const float* x, int begin, int end, int lane) {
+  const Row rows[1] = {row};
+  float y[1];
+  dot_groups(rows, x, begin, end, lane, y);
+  return y[0];
 }
 
 // A bf16 row: a group is 4 weights, 8 bytes.
@@ -1136,7 +1159,7 @@ struct Bf16Row {
 
 // Partial dot product of 16-byte pieces [begin, end) of a bf16 row with the fp32 vector x.
 __device__ __forceinline__ float dot_segment(const uint4* w, const float* x, int begin, int end, int lane) {
-  return dot_groups(Bf16Row{reinterpret_cast<const uint2*>(w)}, x, begin, end, lane);
+  return dot_row(Bf16Row{reinterpret_cast<const uint2*>(w)}, x, begin, end, lane);
 }
 
 #if MOE && TP > 1
@@ -1182,6 +1205,10 @@ struct Fp8Row {
   const uint32_t* w;
   const float* scale;
   int scale_shift;
+  // the packed row at `row`: k e4m3 values, then its scales
+  __device__ __forceinline__ static Fp8Row at(const uint8_t* row, int k, int scale_shift) {
+    return {reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k), scale_shift};
+  }
   __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i >> scale_shift]}; }
   __device__ __forceinline__ static float dot(const Group g, const float4 a, float acc) {
     const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
@@ -1201,9 +1228,15 @@ struct Fp8Row {
 // down kv_b's blocks: ir/mla.py: derived_scale_cols).
 __device__ __forceinline__ float dot_segment_fp8(const uint8_t* row, int k, const float* x, int begin, int end,
                                                  int lane, int scale_shift = Fp8Row::BLOCK_SHIFT) {
-  return dot_groups(Fp8Row{reinterpret_cast<const uint32_t*>(row), reinterpret_cast<const float*>(row + k),
-                           scale_shift},
-                    x, begin, end, lane);
+  return dot_row(Fp8Row::at(row, k, scale_shift), x, begin, end, lane);
+}
+
+// dot_segment_fp8 of a gate/up row's two FP8 halves of k columns, the up half `half_bytes` after
+// the gate half, in one pass over x: y = {gate, up}, each bit for bit its dot_segment_fp8.
+__device__ __forceinline__ void dot_segment_fp8_pair(const uint8_t* row, int half_bytes, int k, const float* x,
+                                                     int begin, int end, int lane, int scale_shift, float (&y)[2]) {
+  const Fp8Row rows[2] = {Fp8Row::at(row, k, scale_shift), Fp8Row::at(row + half_bytes, k, scale_shift)};
+  dot_groups(rows, x, begin, end, lane, y);
 }
 
 // An FP8 routed down row (MoE): one piece per slot (a row of that slot's expert: its values, then
@@ -1314,34 +1347,46 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #else
       const float* x = s.vec;
 #endif
-      for (int h = 0; h < halves; ++h) {
+      const auto put = [&](int h, float y) {  // the sum of the row's half h
+        if (lane == 0) {
+          if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
+          else atomicAdd(&s.acc[(r + rr) * halves + h], y);
+        }
+      };
+#if WEIGHT_FP8
+      // An FP8 gate/up row: both halves in one pass over x, the up half halfway (both halves have
+      // the same padded size). bf16 rows keep one pass per half: their x loads cost half as much
+      // per weight byte, and the pair's registers made bf16 MLA builds spill.
+      if (fp8 && halves == 2) {
+        float y[2];
+        dot_segment_fp8_pair(page + rr * rb, rb / 2, 8 * k8, x, begin, end, lane, scale_shift, y);
+        put(0, y[0]);
+        put(1, y[1]);
+        continue;
+      }
+#endif
+      for (int h = 0; h < halves; ++h) {  // an FP8 row here is a whole row (halves == 1)
 #if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
         const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
                         : t[F_OPCODE] == OP_MOE_DOWN_ADD
                             ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
                                                      MOE_SHARED_K / 8, x, begin, end, lane, busy)
-                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
-                                              scale_shift);
+                            : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
 #elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
         const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
                         : t[F_OPCODE] == OP_MOE_DOWN_ADD
                             ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
                                                      MOE_SHARED_K / 8, x, begin, end, lane)
-                            : dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
-                                              scale_shift);
-#elif WEIGHT_FP8  // a gate/up row's up half starts halfway (both halves have the same padded size)
-        const float y = fp8 ? dot_segment_fp8(page + rr * rb + h * (rb / 2), 8 * k8, x, begin, end, lane,
-                                              scale_shift)
+                            : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
+#elif WEIGHT_FP8
+        const float y = fp8 ? dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift)
                             : dot_segment(w + h * k8, x, begin, end, lane);
 #elif MOE && TP > 1
         const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
 #else
         const float y = dot_segment(w + h * k8, x, begin, end, lane);
 #endif
-        if (lane == 0) {
-          if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
-          else atomicAdd(&s.acc[(r + rr) * halves + h], y);
-        }
+        put(h, y);
       }
     }
   });
