@@ -107,8 +107,8 @@ WEIGHT_DTYPE = click.option(
               help="Keep source lines in the cubin (for compute-sanitizer and Nsight).")
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="A schedule knob instead of the passes' choice (repeatable): compute_warps, "
-                   "page_kb, page_groups, attn_chunks (GQA attention's context chunks per KV "
-                   "group, at most), or ffn_split_k=1 (each dense MLP as one split-K op).")
+                   "page_kb, page_groups, attn_chunks (attention's context chunks per KV or "
+                   "head group, at most), or ffn_split_k=1 (each dense MLP as one split-K op).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:

@@ -43,7 +43,7 @@ class CompileOptions:
     compute_warps: int | None = None  # None: the roles pass decides
     page_kb: int | None = None  # None: the residency pass decides
     page_groups: int | None = None  # None: the roles pass decides
-    attn_chunks: int | None = None  # None: the tiling pass decides (GQA context chunks per group)
+    attn_chunks: int | None = None  # None: the tiling pass decides (attention's chunks per group)
     # Projection weights: "fp8" (e4m3, 128x128 block scales) or "bf16"; None: the model
     # config's own format (bf16 unless it has an FP8 quantization_config).
     weight_dtype: str | None = None

@@ -8,9 +8,9 @@ ring page are streamed page by page anyway, so smaller tiles would only add task
 Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
-over the group count (capped at 32, or at the `attn_chunks` knob, to try fewer). The chunks'
-partial softmax results are merged by the last chunk task of the group to finish, which alone
-signals the op; it stages the chunks' results in shared memory a batch at a time
+over the group count (capped at 32, or at the `attn_chunks` knob, to try fewer; MLA's too).
+The chunks' partial softmax results are merged by the last chunk task of the group to finish,
+which alone signals the op; it stages the chunks' results in shared memory a batch at a time
 (`merge_chunks` of them, as many as fit a third of it: with many query heads per group, e.g.
 Qwen3-30B-A3B's 8 of 128 dims, 17 of its 32 chunks), so that
 the chunk count follows the SMs, not shared memory, and the ring keeps the rest.
@@ -229,9 +229,13 @@ def _tile_routed(program: Program, op) -> None:
 
 
 def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
-                  row_bytes_: int, what: str, max_chunks: int = MAX_ATTENTION_CHUNKS) -> None:
-    """Tasks per (group, context chunk); the last chunk of a group to finish merges it."""
-    chunks = max(1, min(max_chunks, program.target.num_sms // groups))
+                  row_bytes_: int, what: str) -> None:
+    """Tasks per (group, context chunk); the last chunk of a group to finish merges it. At most
+    MAX_ATTENTION_CHUNKS chunks per group, or the `attn_chunks` knob's."""
+    cap = program.config["tuning"].get("attn_chunks", MAX_ATTENTION_CHUNKS)
+    if cap < 1:
+        raise ScheduleError(f"attn_chunks={cap}: attention needs at least one chunk per group")
+    chunks = max(1, min(cap, program.target.num_sms // groups))
     for gi in range(groups):
         for c in range(chunks):
             program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
@@ -248,11 +252,8 @@ def _tile_attention(program: Program, op) -> None:
     results at a time, besides the chunk's own result (one more)."""
     a = op.attrs
     hd, group = a["head_dim"], a["n_heads"] // a["n_kv_heads"]
-    cap = program.config["tuning"].get("attn_chunks", MAX_ATTENTION_CHUNKS)
-    if cap < 1:
-        raise ScheduleError(f"attn_chunks={cap}: attention needs at least one chunk per KV group")
     _tile_chunked(program, op, a["n_kv_heads"], group, program.graph.attrs["max_seq_len"],
-                  2 * hd * 2, "KV groups", cap)
+                  2 * hd * 2, "KV groups")
     fit = program.target.smem_per_block // MERGE_SMEM_SHARE // (group * (hd + 2) * 4) - 1
     tile = op.attrs["tile"]
     tile["merge_chunks"] = max(1, min(tile["chunks"], fit))

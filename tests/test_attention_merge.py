@@ -38,13 +38,17 @@ def test_chunks_follow_the_sms_and_the_merge_stages_what_fits(name: str, chunks:
 
 
 def test_attn_chunks_knob_caps_the_chunks() -> None:
-    """`--tune attn_chunks=N` caps the chunks per KV group (to try fewer); 16 chunks of
-    Qwen3-30B-A3B's results fit one merge batch. Fewer than one is refused by name."""
+    """`--tune attn_chunks=N` caps the chunks per KV group, and per MLA head group (to try
+    fewer); 16 chunks of Qwen3-30B-A3B's results fit one merge batch. Fewer than one is
+    refused by name."""
     assert attention_tile("qwen3-30b-a3b", {"attn_chunks": 16})["chunks"] == 16
     assert attention_tile("qwen3-30b-a3b", {"attn_chunks": 16})["merge_chunks"] == 16
     assert attention_tile("llama-3.2-1b", {"attn_chunks": 64})["chunks"] == 16  # 132 SMs // 8
     with pytest.raises(ScheduleError, match="attn_chunks=0"):
         attention_tile("qwen3-30b-a3b", {"attn_chunks": 0})
+    mla = make_program(tilertc.load_spec("deepseek-v3-tiny"), "h200", max_seq_len=256,
+                       tuning={"attn_chunks": 4})
+    assert mla.graph.op("layers.0.attention").attrs["tile"]["chunks"] == 4
 
 
 @pytest.mark.parametrize(("room", "prefill", "sms", "chunks"), [
