@@ -13,30 +13,13 @@
 // float32 bits of the warp's sum, or "lanes differ" if the lanes disagree.
 #include <cuda_fp8.h>
 
-#include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <vector>
 
-using std::max;
-using std::min;
-static std::barrier<> warp_barrier(32);
-static float lane_values[32];
-thread_local int this_lane;
-
-// Every lane gets the sum of the 32 lanes' values.
-static float warp_sum(float v) {
-  lane_values[this_lane] = v;
-  warp_barrier.arrive_and_wait();
-  float s = 0.f;
-  for (int l = 0; l < 32; ++l) s += lane_values[l];
-  warp_barrier.arrive_and_wait();  // nobody overwrites lane_values before every lane has read them
-  return s;
-}
+#include "host_warp_threads.h"
 
 #include "fp8_extract.inc"
 

@@ -19,29 +19,12 @@ struct Case {
 #ifdef __CUDACC__
 #include "pair_extract.inc"
 #else
-#include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <string>
-#include <thread>
 #include <vector>
 
-using std::max;
-using std::min;
-static std::barrier<> warp_barrier(32);
-static float lane_values[32];
-thread_local int this_lane;
-
-// Every lane gets the sum of the 32 lanes' values.
-static float warp_sum(float v) {
-  lane_values[this_lane] = v;
-  warp_barrier.arrive_and_wait();
-  float s = 0.f;
-  for (int l = 0; l < 32; ++l) s += lane_values[l];
-  warp_barrier.arrive_and_wait();  // nobody overwrites lane_values before every lane has read them
-  return s;
-}
+#include "host_warp_threads.h"
 #include "pair_extract.inc"
 #endif
 
