@@ -235,6 +235,9 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     options = options or CompileOptions()
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown backend {options.backend!r} (available: {', '.join(BACKENDS)})")
+    if options.fp8_mma and options.backend != "cuda":
+        raise ScheduleError(f"fp8_mma (FP8 rows on the tensor cores) is in the CUDA backend only, "
+                            f"not {options.backend!r}; compile without fp8_mma")
     if options.backend == "tilelang":  # before scheduling: a missing install fails at once
         from tilertc.backends.tilelang.requirement import load_tilelang
 
@@ -251,9 +254,6 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     if options.ffn_split_k:
         tuning["ffn_split_k"] = True
     if options.fp8_mma:
-        if options.backend != "cuda":
-            raise ScheduleError(f"fp8_mma (FP8 rows on the tensor cores) is in the CUDA backend "
-                                f"only, not {options.backend!r}; compile without fp8_mma")
         tuning["fp8_mma"] = True
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
     say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
