@@ -112,9 +112,9 @@ def test_a_broken_k_permutation_fails(tmp_path: Path, monkeypatch: pytest.Monkey
     mma m's k) gives wrong row sums, which the step test catches."""
     source = test_mla_kernel.step_source
     good = "mma_f16_16816(d, a, xs[2 * m], xs[2 * m + 1]);"
+    bad = "mma_f16_16816(d, a, xs[2 * m + 1], xs[2 * m]);"
     assert good in source()
-    monkeypatch.setattr(test_mla_kernel, "step_source",
-                        lambda: source().replace(good, "mma_f16_16816(d, a, xs[2 * m + 1], xs[2 * m]);"))
+    monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source().replace(good, bad))
     spec = fp8_spec("llama-tiny", WIDE)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, MMA)
     with pytest.raises(AssertionError, match="max difference"):
