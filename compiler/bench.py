@@ -60,8 +60,8 @@ WARMUP_TOKENS = 8
 PREFILL_CHUNK = 1024
 PROFILE_STEPS = 8
 # CompileOptions' tuning fields; the flags among them take 0 or 1
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k")
-TUNING_FLAGS = ("ffn_split_k",)
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma")
 
 Phase = Callable[[str], AbstractContextManager[None]]
 

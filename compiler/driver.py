@@ -50,6 +50,9 @@ class CompileOptions:
     # A dense MLP as one split-K op per layer instead of gate/up then down (passes/fusion.py:
     # _fuse_split_k); off until measured on the GPU.
     ffn_split_k: bool = False
+    # FP8 matrix-vector rows on the tensor cores (mma.m16n8k16, decode.cuh: mma_pages) instead
+    # of the CUDA cores' dot product; off until measured on the GPU.
+    fp8_mma: bool = False
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -232,6 +235,9 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     options = options or CompileOptions()
     if options.backend not in BACKENDS:
         raise ValueError(f"unknown backend {options.backend!r} (available: {', '.join(BACKENDS)})")
+    if options.fp8_mma and options.backend != "cuda":
+        raise ScheduleError(f"fp8_mma (FP8 rows on the tensor cores) is in the CUDA backend only, "
+                            f"not {options.backend!r}; compile without fp8_mma")
     if options.backend == "tilelang":  # before scheduling: a missing install fails at once
         from tilertc.backends.tilelang.requirement import load_tilelang
 
@@ -247,6 +253,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
                                 ("attn_chunks", options.attn_chunks)) if v is not None}
     if options.ffn_split_k:
         tuning["ffn_split_k"] = True
+    if options.fp8_mma:
+        tuning["fp8_mma"] = True
     program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
     say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
     consts = codegen.constants(program)

@@ -32,7 +32,7 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
-    `attn_chunks`, `ffn_split_k`), for experiments."""
+    `attn_chunks`, `ffn_split_k`, `fp8_mma`), for experiments."""
     program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
     program.config["tuning"] = dict(tuning or {})
     for run in PASSES:

@@ -231,6 +231,23 @@ def _mla(attn: dict) -> dict[str, object]:
     }
 
 
+def _fp8_mma(program: Program) -> dict[str, object]:
+    """`fp8_mma` (a tuning flag): the FP8 matrix-vector rows on the tensor cores (decode.cuh:
+    mma_pages). It multiplies FP8 rows only, and its staged input and row sums are those of
+    one GPU's tasks: refused by name with bf16 weights or under tensor parallelism. Compiled
+    in only where asked for, so that other kernels are what they were without it."""
+    if not program.config["tuning"].get("fp8_mma"):
+        return {}
+    if not program.spec.weight_format.is_fp8:
+        raise ScheduleError("fp8_mma multiplies FP8 weight rows on the tensor cores, but "
+                            f"{program.spec.name}'s weights are bf16; compile with "
+                            "--weight-dtype fp8 or without fp8_mma")
+    if program.tp > 1:
+        raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
+                            "without fp8_mma")
+    return {"FP8_MMA": 1}
+
+
 def constants(program: Program) -> dict[str, object]:
     check_supported(program)
     spec, cfg = program.spec, program.config
@@ -268,6 +285,7 @@ def constants(program: Program) -> dict[str, object]:
         "SAMPLE_ROW_BITS": row_bits(spec.vocab_size),
         "WEIGHT_FP8": int(fmt.is_fp8),
         **fp8,
+        **_fp8_mma(program),
         "MOE": int(topk is not None),
         **moe,
         # MLA's opcodes and task fields, in place of GQA attention, only in MLA kernels

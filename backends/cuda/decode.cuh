@@ -15,6 +15,9 @@
 #ifndef FFN_SPLIT_K  // the prelude defines it (and FIXED_FRAC_BITS) in kernels with split-K FFNs
 #define FFN_SPLIT_K 0
 #endif
+#ifndef FP8_MMA  // the prelude defines it in FP8 kernels compiled with --tune fp8_mma=1
+#define FP8_MMA 0
+#endif
 
 namespace tilertc {
 
@@ -165,6 +168,25 @@ __device__ __forceinline__ void red_release(unsigned* p, unsigned v) {
 __device__ __forceinline__ void red_add_s64(long long* p, long long v) {  // two's complement: u64 add
   asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
+#endif
+#if FP8_MMA
+// The tensor-core pieces of the FP8 rows' mma path (see mma_pages); the host harness
+// (tests/host_kernel.cpp) defines its own of these names.
+// D = A * B + D: A 16x16 f16 (4 f16x2 registers), B 16x8 f16 (2), D 16x8 f32 (4), a warp's
+// fragments as the PTX ISA lays them out for mma.m16n8k16 (see mma_tile).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two e4m3 values (low byte first) as an f16x2 register, exactly (every e4m3 value is an f16).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return h.x | static_cast<uint32_t>(h.y) << 16;
+}
+__device__ __forceinline__ uint16_t f16_round(float x) { return __half_as_ushort(__float2half_rn(x)); }
+__device__ __forceinline__ float f16_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 #endif
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
@@ -1049,6 +1071,63 @@ __device__ __forceinline__ float residual(const Params& p, const int* t, int row
   return __ldcg(p.act + t[F_AUX] + row0 + i);
 }
 
+#if FP8_MMA
+// ---- FP8 rows on the tensor cores (--tune fp8_mma=1) -----------------------------------------
+// An eligible task's FP8 rows are multiplied with mma.m16n8k16 (f16 in, f32 accumulation): A is
+// 16 weight rows x 16 columns (e4m3 -> f16, exact), B is 16 columns x 8 of the input vector,
+// column 0 x_hi = f16(x 2^-s), column 1 x_lo = f16(x 2^-s - x_hi) (~22 bits of x together),
+// the other columns copies that are never read back. The power of two 2^-s (from the largest
+// |x| of the staged vector) keeps x 2^-s below 2^14, inside f16's range; the row sums are
+// multiplied by 2^s at the end. Eligible: the FP8 rows of norm_matvec, matvec_add and a MoE
+// gate/up task whose k is whole scale blocks; a routed down row's pieces and MLA's head rows
+// (finer scales) stay on the CUDA-core path (dot_groups).
+constexpr int MMA_COLS = 64;                        // columns of a chunk: a lane's 16 bytes of a row
+static_assert(FP8_BLOCK_COLS % MMA_COLS == 0, "a scale block must be whole chunks");
+constexpr int MMA_SCALE = MISC_FLOATS - 1;          // s.red: 2^s, the factor of the row sums
+constexpr int MMA_MAX = MMA_SCALE - COMPUTE_WARPS;  // s.red: each warp's largest staged |x|
+static_assert(MMA_MAX >= SR_MASS + 2 * SAMPLE_K, "the mma scratch overlaps the sampler's");
+
+__device__ __forceinline__ bool mma_rows(const int* t) {
+  if (t[F_W_FORMAT] != WF_FP8 || t[F_K] % FP8_BLOCK_COLS != 0) return false;
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_GATE_UP) return true;
+#endif
+  return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
+}
+
+// Where column `col` (0..63) of a chunk's x_hi lies among the chunk's 128 f16 (x_lo: 32 later):
+// [part][hi, lo][quarter q][8 columns], part = col / 8 % 2, q = col / 16. A lane of quarter q
+// reads its 16 columns 16 q.. as two 16-byte loads, one per part; each load of a warp is then
+// 128 bytes on distinct banks (mma_tile).
+__device__ __forceinline__ int mma_x_index(int col) { return ((col >> 3) & 1) * 64 + (col >> 4) * 8 + (col & 7); }
+
+// Rewrites the staged fp32 vector (k floats, after stage_vector's barrier) in place as chunks of
+// 64 columns, each 128 f16 (x_hi and x_lo, mma_x_index) in its own 64 floats' bytes: a chunk
+// is one warp's, read before any of it is written (__syncwarp). Stores 2^s in s.red[MMA_SCALE];
+// ends with a barrier.
+__device__ void split_vector(Shared& s, const int* t, int ct) {
+  float amax = 0.f;
+  for (int w = 0; w < COMPUTE_WARPS; ++w) amax = fmaxf(amax, s.red[MMA_MAX + w]);
+  // amax 2^-s in [2^13, 2^14); zero or subnormal: s = 0; s >= -100, so that 2^-s is a float
+  const int e = __float_as_int(amax) >> 23, shift = e == 0 ? 0 : max(e - 127 - 13, -100);
+  const float down = __int_as_float((127 - shift) << 23);
+  const int warp = ct >> 5, lane = ct & 31;
+  for (int c = warp; c < t[F_K] / MMA_COLS; c += COMPUTE_WARPS) {
+    float* chunk = s.vec + c * MMA_COLS;
+    const float x0 = chunk[lane] * down, x1 = chunk[lane + 32] * down;
+    __syncwarp();
+    uint16_t* h = reinterpret_cast<uint16_t*>(chunk);
+    const uint16_t h0 = f16_round(x0), h1 = f16_round(x1);
+    h[mma_x_index(lane)] = h0;
+    h[mma_x_index(lane) + 32] = f16_round(x0 - f16_float(h0));
+    h[mma_x_index(lane + 32)] = h1;
+    h[mma_x_index(lane + 32) + 32] = f16_round(x1 - f16_float(h1));
+  }
+  if (ct == 0) s.red[MMA_SCALE] = __int_as_float((127 + shift) << 23);
+  compute_sync();
+}
+#endif
+
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #if MLA
   if (t[F_OPCODE] == OP_HEAD_MATVEC) {
@@ -1062,6 +1141,9 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   float4* v = reinterpret_cast<float4*>(s.vec);
   float ss = 0.f;
+#if FP8_MMA
+  float amax = 0.f;  // the largest |x| staged (split_vector)
+#endif
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
   // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
@@ -1078,7 +1160,16 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
     }
 #endif
     v[i] = a;
+#if FP8_MMA
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
+#endif
   }
+#if FP8_MMA
+  if (mma_rows(t)) {
+    amax = warp_max(amax);
+    if ((ct & 31) == 0) s.red[MMA_MAX + (ct >> 5)] = amax;
+  }
+#endif
   if (!norm) {
     compute_sync();
     return;
@@ -1258,6 +1349,49 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
 }
 #endif
 
+#if FP8_MMA
+// Two row groups of 8 FP8 rows, over scale blocks [b0, b1), on the tensor cores: rows g (A's
+// rows 0..7) at `lo` and rows g + 8 at `hi` (hi_rows: the warp has any; else zeros), lane
+// (g = lane / 4, q = lane % 4) holding row g's and row g + 8's pointers (k values, then the
+// scales). Per the PTX ISA's m16n8k16 .f16 fragments (a0: row g, k 2q, 2q+1; a1: row g+8, the
+// same k; a2: row g, k 2q+8, 2q+9; a3: row g+8, those k; b0: k 2q, 2q+1 of column g; b1: k 2q+8,
+// 2q+9; d0, d1: row g, columns 2q, 2q+1; d2, d3: row g+8), a lane loads its rows' 16 bytes at
+// column 16 q of a 64-column chunk, pairs 2m and 2m+1 of them feeding mma m (0..3): mma m's k
+// (2q, 2q+1, 2q+8, 2q+9) are the chunk's columns 16q + 4m + (0, 1, 2, 3), a permutation of k
+// that B follows (x at the same columns, lanes g = 0, 1: x_hi, x_lo; the other lanes copies).
+// Lanes q = 0 get y = {row g, row g + 8}: per block (d0 + d1) times the row's block scale.
+__device__ __forceinline__ void mma_tile(const uint8_t* lo, const uint8_t* hi, bool hi_rows, int k,
+                                         const float* vec, int b0, int b1, int lane, float (&y)[2]) {
+  constexpr int CHUNKS = FP8_BLOCK_COLS / MMA_COLS;
+  const int q = lane & 3, half = (lane >> 2) & 1;  // half: x_hi (0) or x_lo (1) of B's column
+  const uint8_t* x = reinterpret_cast<const uint8_t*>(vec) + half * 64 + q * 16;
+  const float* scale_lo = reinterpret_cast<const float*>(lo + k);
+  const float* scale_hi = reinterpret_cast<const float*>(hi + k);
+  y[0] = y[1] = 0.f;
+  for (int b = b0; b < b1; ++b) {
+    float d[4] = {};
+#pragma unroll
+    for (int u = 0; u < CHUNKS; ++u) {
+      const int c = b * CHUNKS + u;
+      const uint4 wl = *reinterpret_cast<const uint4*>(lo + c * MMA_COLS + q * 16);
+      const uint4 wh = hi_rows ? *reinterpret_cast<const uint4*>(hi + c * MMA_COLS + q * 16) : make_uint4(0, 0, 0, 0);
+      const uint4 x0 = *reinterpret_cast<const uint4*>(x + c * 256);
+      const uint4 x1 = *reinterpret_cast<const uint4*>(x + c * 256 + 128);
+      const uint32_t wlo[4] = {wl.x, wl.y, wl.z, wl.w}, whi[4] = {wh.x, wh.y, wh.z, wh.w};
+      const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const uint32_t a[4] = {e4m3x2_to_f16x2(wlo[m] & 0xffffu), e4m3x2_to_f16x2(whi[m] & 0xffffu),
+                               e4m3x2_to_f16x2(wlo[m] >> 16), e4m3x2_to_f16x2(whi[m] >> 16)};
+        mma_f16_16816(d, a, xs[2 * m], xs[2 * m + 1]);
+      }
+    }
+    y[0] = fmaf(d[0] + d[1], scale_lo[b], y[0]);
+    y[1] = fmaf(d[2] + d[3], scale_hi[b], y[1]);
+  }
+}
+#endif
+
 // Every lane of the page's warp group arrives on the slot's `empty` barrier once it has read the
 // page, each for its own reads: compute-sanitizer's racecheck does not take a __syncwarp and
 // one lane's arrival as ordering the other lanes' reads before the loader's next bulk copy
@@ -1317,6 +1451,39 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
   consumed = page_index;
 }
 
+#if FP8_MMA
+// matvec_pages of an mma task (mma_rows; the input split by split_vector). A page's n rows are
+// tiles of two row groups of 8 (mma_tile): 16 consecutive rows, or with halves == 2 8 rows' gate
+// halves and their up halves (sharing each x load, as dot_segment_fp8_pair does). When a page
+// has fewer tiles than the group has warps, each tile's blocks are cut into segments, one per
+// warp; the segments' sums meet in s.acc (zeroed by the caller). Rows past n read row n - 1
+// (their sums are dropped); a tile without rows g + 8 skips their loads.
+__device__ __forceinline__ void mma_pages(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp,
+                                          int halves, uint32_t& consumed, int lane, int group, int gw) {
+  const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, g = lane >> 2, tile_rows = 16 / halves;
+  const float up = s.red[MMA_SCALE];
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+    const int tiles = (n + tile_rows - 1) / tile_rows;
+    const int segs = min(blocks, max(1, GROUP_WARPS / tiles)), per_seg = (blocks + segs - 1) / segs;
+    for (int item = gw; item < tiles * segs; item += GROUP_WARPS) {  // warp-uniform: mma.sync
+      const int tile = item / segs, b0 = (item % segs) * per_seg;
+      // row group j's row of this lane and its half (halves == 2: j; else rows 8 j later)
+      const int row[2] = {tile * tile_rows + g, tile * tile_rows + g + (halves == 2 ? 0 : 8)};
+      const int h1 = halves == 2 ? 1 : 0;
+      const uint8_t* lo = page + min(row[0], n - 1) * rb;
+      const uint8_t* hi = page + min(row[1], n - 1) * rb + h1 * (rb / 2);
+      const bool hi_rows = halves == 2 || tile * 16 + 8 < n;
+      float y[2];
+      mma_tile(lo, hi, hi_rows, k, s.vec, b0, min(blocks, b0 + per_seg), lane, y);
+      if ((lane & 3) == 0) {
+        if (row[0] < n) atomicAdd(&s.acc[(r + row[0]) * halves], y[0] * up);
+        if (row[1] < n) atomicAdd(&s.acc[(r + row[1]) * halves + h1], y[1] * up);
+      }
+    }
+  });
+}
+#endif
+
 // The row sums of a matrix-vector task's `rows` rows (`halves` sums per row: gate/up pairs) from
 // its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
 // caller derives the thread's lane, page group and warp in the group first thing in the task (in
@@ -1331,6 +1498,12 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #else
   constexpr int scale_shift = Fp8Row::BLOCK_SHIFT;
 #endif
+#endif
+#if FP8_MMA
+  if (mma_rows(t)) {
+    mma_pages(p, s, t, rows, rb, rpp, halves, consumed, lane, group, gw);
+    return;
+  }
 #endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
@@ -1407,6 +1580,9 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
 #endif
   const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
   stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+#if FP8_MMA
+  if (mma_rows(t)) split_vector(s, t, ct);
+#endif
   matvec_pages(p, s, t, rows, rb, rpp, k8, halves, consumed, lane, group, gw);
   compute_sync();
   float* out = p.act + t[F_OUT];
