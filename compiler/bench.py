@@ -39,6 +39,7 @@ from tilertc.bench_report import (
     token_bytes,
 )
 from tilertc.compile_report import StageDisplay
+from tilertc.driver import TUNING_FLAGS, TUNING_KNOBS, schedule_tuning
 from tilertc.inspect import human_bytes
 from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
@@ -59,9 +60,6 @@ GATE_PROMPT, GATE_STEPS, GATE_MAX_STEPS = 32, 16, 64
 WARMUP_TOKENS = 8
 PREFILL_CHUNK = 1024
 PROFILE_STEPS = 8
-# CompileOptions' tuning fields; the flags among them take 0 or 1
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma")
-TUNING_FLAGS = ("ffn_split_k", "fp8_mma")
 
 Phase = Callable[[str], AbstractContextManager[None]]
 
@@ -177,8 +175,7 @@ def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Predictio
     from tilertc.passes.cost import roofline_ns, step_ns
 
     opts = m["options"]
-    tuning = {k: opts[k] for k in TUNING_KNOBS if opts.get(k) is not None}
-    program = schedule(spec, m["target"]["name"], opts["tp"], kv_context, tuning)
+    program = schedule(spec, m["target"]["name"], opts["tp"], kv_context, schedule_tuning(opts))
     return Prediction(step_ns(program) / 1e6, roofline_ns(program) / 1e6, kv_context)
 
 

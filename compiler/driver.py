@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,19 @@ class CompileOptions:
 
     def hash(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
+# among them are on or off
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma")
+
+
+def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The passes' tuning from CompileOptions' fields, or from a manifest's record of them (an
+    older one may lack a knob): the knobs that are set and the flags that are on."""
+    return {k: options[k] for k in TUNING_KNOBS
+            if options.get(k) is not None and options.get(k) is not False}
 
 
 def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:
@@ -247,15 +260,8 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
-    tuning = {k: v for k, v in (("compute_warps", options.compute_warps),
-                                ("page_kb", options.page_kb),
-                                ("page_groups", options.page_groups),
-                                ("attn_chunks", options.attn_chunks)) if v is not None}
-    if options.ffn_split_k:
-        tuning["ffn_split_k"] = True
-    if options.fp8_mma:
-        tuning["fp8_mma"] = True
-    program = make_program(spec, options.target, options.tp, options.max_seq_len, tuning)
+    program = make_program(spec, options.target, options.tp, options.max_seq_len,
+                           schedule_tuning(asdict(options)))
     say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
     consts = codegen.constants(program)
     source, nvcc_flags, backend_record = _kernel_source(program, options.backend)
