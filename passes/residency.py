@@ -53,9 +53,9 @@ def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
     """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh:
     run_mla_attention): its heads' queries against a cache row, the scores of a block of
     `MLA_KEYS` keys per head, the block's cache rows (bf16), each head's softmax state, the
-    position's RoPE cos | sin, and the merge's per-chunk factors and denominators."""
+    position's RoPE cos | sin, and the merge's factor of each chunk per head."""
     width = rank + rope
-    return heads * (width + MLA_KEYS + 3 + chunks + 1) + MLA_KEYS * width // 2 + rope
+    return heads * (width + MLA_KEYS + 3 + chunks) + MLA_KEYS * width // 2 + rope
 
 
 def _staged_floats(program: Program) -> int:

@@ -178,7 +178,7 @@ def router_constants(experts: int, k: int, norm: bool, scaling: float, deepseek:
                      groups: int = 1, topk_group: int = 1) -> dict[str, object]:
     """codegen's MOE_* constants of a router: Qwen3-MoE's, or DeepSeek's (sigmoid scores, a
     correction bias, groups)."""
-    return {"MAX_K": 3 * experts + 2 * k,  # the least s.vec the router stages its ranking in
+    return {"MAX_K": 3 * experts + 2 * k + groups,  # the least s.vec the router stages in
             "MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
             "MOE_SCALING": f"{scaling!r}f", "MOE_SIGMOID": int(deepseek),
             "MOE_BIAS": int(deepseek), "MOE_GROUPS": groups, "MOE_TOPK_GROUP": topk_group}

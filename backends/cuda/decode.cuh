@@ -2063,7 +2063,7 @@ __device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long 
 // of the experts' logits (Qwen3-MoE) or each logit's sigmoid (MOE_SIGMOID, DeepSeek-V3). Experts
 // are selected by their scores plus the correction bias (MOE_BIAS), within the MOE_TOPK_GROUP of
 // MOE_GROUPS groups whose two best such values sum highest (the others' values set to -inf, as
-// route() masks them); the MOE_TOP_K best, best first (equal values: the lower expert first, as
+// route() masks them; a warp per group, limit_groups); the MOE_TOP_K best, best first (equal values: the lower expert first, as
 // ir/moe.py: top defines it), ranked by all compute threads (run_moe_topk). The weights are the
 // chosen experts' scores, renormalized when MOE_NORM_TOPK_PROB, times MOE_SCALING. The order is
 // total (NaN above every value, as torch's sort puts it), so that every expert has its own rank
@@ -2075,54 +2075,6 @@ __device__ __forceinline__ bool routed_before(float v, int e, float w, int f) {
   if ((v != v) != (w != w)) return v != v;
   return v > w || (!(v < w) && e < f);
 }
-
-#if MOE_TOPK_GROUP < MOE_GROUPS
-constexpr int GROUP_EXPERTS = MOE_EXPERTS / MOE_GROUPS;
-// (a, b): the two largest values seen, a first (NaN above every number; only values matter).
-__device__ __forceinline__ void keep_two(float v, float& a, float& b) {
-  if (routed_before(v, 0, a, 0)) {
-    b = a;
-    a = v;
-  } else if (routed_before(v, 0, b, 0)) {
-    b = v;
-  }
-}
-// Sets the selection values of experts outside the chosen groups to -inf: a group's score is
-// the sum of its two largest values; the MOE_TOPK_GROUP best groups are kept (equal sums: the
-// lower group first). Every lane computes every group's score and the same choice.
-__device__ __forceinline__ void limit_groups(float (&sc)[EXPERTS_PER_LANE], int ct) {
-  float score[MOE_GROUPS];
-#pragma unroll
-  for (int g = 0; g < MOE_GROUPS; ++g) {
-    float a = -INFINITY, b = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < EXPERTS_PER_LANE; ++j)
-      if (ct + 32 * j < MOE_EXPERTS && (ct + 32 * j) / GROUP_EXPERTS == g) keep_two(sc[j], a, b);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float a2 = __shfl_xor_sync(0xffffffffu, a, o), b2 = __shfl_xor_sync(0xffffffffu, b, o);
-      keep_two(a2, a, b);
-      keep_two(b2, a, b);
-    }
-    score[g] = a + b;
-  }
-  unsigned kept = 0;
-  for (int k = 0; k < MOE_TOPK_GROUP; ++k) {
-    int best = MOE_GROUPS;  // none
-    float top = 0.f;
-#pragma unroll
-    for (int g = 0; g < MOE_GROUPS; ++g)
-      if (!(kept >> g & 1u) && (best == MOE_GROUPS || routed_before(score[g], g, top, best))) {
-        best = g;
-        top = score[g];
-      }
-    kept |= 1u << best;
-  }
-#pragma unroll
-  for (int j = 0; j < EXPERTS_PER_LANE; ++j)
-    if (!(kept >> ((ct + 32 * j) / GROUP_EXPERTS) & 1u)) sc[j] = -INFINITY;
-}
-#endif
 
 #if TP > 1
 // Expert parallelism (passes/sharding.py): every rank routes the token alike, and rank r keeps
@@ -2158,6 +2110,40 @@ __device__ __forceinline__ unsigned long long route_key(float v, int e) {
   return static_cast<unsigned long long>(k) << 32 | (0xffffffffu - static_cast<uint32_t>(e));
 }
 
+#if MOE_TOPK_GROUP < MOE_GROUPS
+constexpr int GROUP_EXPERTS = MOE_EXPERTS / MOE_GROUPS;
+// The two largest of a lane's and another's (a, b) pairs (a >= b), as order keys: no branches,
+// so a warp's lanes never diverge (a branchy keep-two ran 24 µs per DeepSeek layer on one warp).
+__device__ __forceinline__ void top_two(uint32_t& a, uint32_t& b, uint32_t a2, uint32_t b2) {
+  b = max(min(a, a2), max(b, b2));
+  a = max(a, a2);
+}
+// Masks the experts outside the chosen groups (their keys become -inf's): a group's score is the
+// sum of its two largest selection values; the MOE_TOPK_GROUP best groups are kept (NaN above
+// every number; equal sums: the lower group first). A warp per group finds its two largest keys
+// (the value's order key: the high word of `keys`), then each thread ranks its experts' groups.
+__device__ void limit_groups(unsigned long long* keys, float* score, int ct) {
+  const int warp = ct >> 5, lane = ct & 31;
+  for (int g = warp; g < MOE_GROUPS; g += COMPUTE_WARPS) {
+    uint32_t a = order_key(-INFINITY), b = a;
+    for (int e = g * GROUP_EXPERTS + lane; e < (g + 1) * GROUP_EXPERTS; e += 32)
+      top_two(a, b, static_cast<uint32_t>(keys[e] >> 32), order_key(-INFINITY));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      top_two(a, b, __shfl_xor_sync(0xffffffffu, a, o), __shfl_xor_sync(0xffffffffu, b, o));
+    if (lane == 0) score[g] = key_float(a) + key_float(b);
+  }
+  compute_sync();
+  for (int e = ct; e < MOE_EXPERTS; e += NT) {
+    const int g = e / GROUP_EXPERTS;
+    int rank = 0;
+#pragma unroll
+    for (int h = 0; h < MOE_GROUPS; ++h) rank += routed_before(score[h], h, score[g], g);
+    if (rank >= MOE_TOPK_GROUP) keys[e] = route_key(-INFINITY, e);
+  }
+}
+#endif
+
 // The selection is by rank, in parallel: ROUTE_LANES threads count, for each expert, the experts
 // ranked before it (its rank), and the experts of rank < MOE_TOP_K take their slots. A warp
 // selecting one expert per round (a warp-wide argmax, MOE_TOP_K times) was a chain of dependent
@@ -2166,7 +2152,8 @@ constexpr int route_lanes(int lanes) {
   return lanes < 32 && MOE_EXPERTS * lanes * 2 <= NT ? route_lanes(2 * lanes) : lanes;
 }
 constexpr int ROUTE_LANES = route_lanes(1);
-static_assert(3 * MOE_EXPERTS + 2 * MOE_TOP_K <= MAX_K, "the router's keys, weights and choices are staged in s.vec");
+static_assert(3 * MOE_EXPERTS + 2 * MOE_TOP_K + MOE_GROUPS <= MAX_K,
+              "the router's keys, weights, choices and group scores are staged in s.vec");
 
 __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
   unsigned long long* keys = reinterpret_cast<unsigned long long*>(s.vec);  // [MOE_EXPERTS]
@@ -2203,15 +2190,16 @@ __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
 #pragma unroll
     for (int j = 0; j < EXPERTS_PER_LANE; ++j)
       if (MOE_BIAS && ct + 32 * j < MOE_EXPERTS) sc[j] += __ldcg(p.act + t[F_AUX2] + ct + 32 * j);
-#if MOE_TOPK_GROUP < MOE_GROUPS
-    limit_groups(sc, ct);
-#endif
 #endif
 #pragma unroll
     for (int j = 0; j < EXPERTS_PER_LANE; ++j)
       if (ct + 32 * j < MOE_EXPERTS) keys[ct + 32 * j] = route_key(sc[j], ct + 32 * j);
   }
   compute_sync();
+#if MOE_TOPK_GROUP < MOE_GROUPS
+  limit_groups(keys, reinterpret_cast<float*>(choice + MOE_TOP_K), ct);  // group scores after the choices
+  compute_sync();
+#endif
   for (int base = 0; base < MOE_EXPERTS; base += NT / ROUTE_LANES) {  // uniform: shuffles below
     const int e = base + ct / ROUTE_LANES, part = ct % ROUTE_LANES;
     const unsigned long long mine = e < MOE_EXPERTS ? keys[e] : ~0ull;
@@ -2250,6 +2238,7 @@ constexpr int MLA_PIECES_PER_LANE = (MLA_PIECES + 31) / 32;
 constexpr int MLA_DPT = (MLA_RANK + NT - 1) / NT;              // latent dims per compute thread
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);           // a chunk's result: out, max, sum per head
 static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
+static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 static_assert(MLA_HEADS <= NT, "a thread per head keeps its softmax state");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
@@ -2381,7 +2370,7 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
   __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(sc + MLA_HEADS * MLA_KEYS);  // [MLA_KEYS][MLA_W]
   float* st = sc + MLA_HEADS * MLA_KEYS + MLA_KEYS * MLA_W / 2;  // [3][MLA_HEADS]
   float* cs = st + 3 * MLA_HEADS;                 // [MLA_ROPE]: cos | sin at pos
-  float* merge = cs + MLA_ROPE;                   // [chunks][MLA_HEADS] factors, [MLA_HEADS] denominators
+  float* merge = cs + MLA_ROPE;                   // [chunks][MLA_HEADS]: the chunks' factors
   const float scale = __int_as_float(t[F_SCALE]);
   const float* q_lat = p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK;
   const float* q = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
@@ -2420,28 +2409,39 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
     __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK + 1, st[MLA_HEADS + h]);
   }
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
-  // Merge: chunk k's sums count exp(max_k - max) times; an empty chunk (max -inf) not at all.
-  for (int h = ct; h < MLA_HEADS; h += NT) {
+  // Merge: chunk k's sums count exp(max_k - max) / den times, den the heads' softmax sum; an empty
+  // chunk (max -inf) not at all. A warp per head weighs its chunks (a lane per chunk), then each
+  // thread adds up two dims of a head over the chunks, those loads in flight together: one thread
+  // per head walking its chunks' partials one load at a time took ~20 µs of a DeepSeek-V3.2
+  // layer's (16 chunks of 16 heads, 0.5 MB of partials).
+  const int warp = ct >> 5, lane = ct & 31;
+  for (int h = warp; h < MLA_HEADS; h += COMPUTE_WARPS) {
+    const float* ml = parts + h * (MLA_RANK + 2) + MLA_RANK;  // chunk k's (max, sum): k MLA_PART on
     float mx = -INFINITY, den = 0.f;
-    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, __ldcg(parts + k * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK));
-    for (int k = 0; k < chunks; ++k) {
-      const float* pk = parts + k * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK;
-      const float m = __ldcg(pk), f = m == -INFINITY ? 0.f : __expf(m - mx);
+    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(ml + k * MLA_PART));
+    mx = warp_max(mx);
+    for (int k = lane; k < chunks; k += 32) {
+      const float m = __ldcg(ml + k * MLA_PART), f = m == -INFINITY ? 0.f : __expf(m - mx);
       merge[k * MLA_HEADS + h] = f;
-      den += f * __ldcg(pk + 1);
+      den += f * __ldcg(ml + k * MLA_PART + 1);
     }
-    merge[chunks * MLA_HEADS + h] = den;
+    den = warp_sum(den);
+    for (int k = lane; k < chunks; k += 32) merge[k * MLA_HEADS + h] /= den;
   }
   compute_sync();
-  float* o = p.act + t[F_OUT] + g * MLA_HEADS * MLA_RANK;
-  for (int i = ct; i < MLA_HEADS * MLA_RANK; i += NT) {
-    const int h = i / MLA_RANK, d = i % MLA_RANK;
-    float num = 0.f;
+  float2* o = reinterpret_cast<float2*>(p.act + t[F_OUT] + g * MLA_HEADS * MLA_RANK);
+  for (int i = ct; i < MLA_HEADS * MLA_RANK / 2; i += NT) {
+    const int h = i / (MLA_RANK / 2);
+    const float2* sums = reinterpret_cast<const float2*>(parts + h * (MLA_RANK + 2)) + i % (MLA_RANK / 2);
+    float2 num = make_float2(0.f, 0.f);
+#pragma unroll 8
     for (int k = 0; k < chunks; ++k) {
       const float f = merge[k * MLA_HEADS + h];
-      if (f != 0.f) num += f * __ldcg(parts + k * MLA_PART + h * (MLA_RANK + 2) + d);
+      const float2 v = __ldcg(sums + k * (MLA_PART / 2));
+      num.x = fmaf(f, v.x, num.x);
+      num.y = fmaf(f, v.y, num.y);
     }
-    __stcg(o + i, num / merge[chunks * MLA_HEADS + h]);
+    __stcg(o + i, num);
   }
   return true;
 }
