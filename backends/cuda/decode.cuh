@@ -1512,54 +1512,75 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
   const int busy = down ? busy_slots(p, t) : 0, pk8 = down ? (k8 - MOE_SHARED_K / 8) / t[F_SLOTS] : 0;
   const int skip0 = down ? busy * pk8 : k8, skip1 = down ? t[F_SLOTS] * pk8 : k8;
 #endif
-  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
-    for (int rr = gw / wpr; rr < n; rr += GROUP_WARPS / wpr) {
-      const uint4* w = reinterpret_cast<const uint4*>(page + rr * rb);
-#if MLA
-      const float* x = s.vec + head_input(t, r + rr);
+#if WEIGHT_FP8
+  // Whole FP8 rows are taken two at a time by a warp when a page has more rows than the group has
+  // warps: a row's time is mostly latency (its loads, then a warp sum), which the pair's two rows
+  // share; one at a time, a MLA q absorption row (k = 128) took ~0.4 µs of a warp's time.
+#if MOE
+  const bool whole_rows = fp8 && halves == 1 && t[F_OPCODE] != OP_MOE_DOWN_ADD;
 #else
-      const float* x = s.vec;
+  const bool whole_rows = fp8 && halves == 1;
 #endif
-      const auto put = [&](int h, float y) {  // the sum of the row's half h
+#endif
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+#if WEIGHT_FP8
+    const int per_warp = whole_rows && wpr == 1 && n > GROUP_WARPS ? 2 : 1;
+#else
+    constexpr int per_warp = 1;
+#endif
+    for (int rr = gw / wpr * per_warp; rr < n; rr += GROUP_WARPS / wpr * per_warp) {
+      const auto put = [&](int i, int h, float y) {  // the sum of the page's row i's half h
         if (lane == 0) {
-          if (wpr == 1) s.acc[(r + rr) * halves + h] = y;
-          else atomicAdd(&s.acc[(r + rr) * halves + h], y);
+          if (wpr == 1) s.acc[(r + i) * halves + h] = y;
+          else atomicAdd(&s.acc[(r + i) * halves + h], y);
         }
       };
+#if MLA
+      const auto input = [&](int i) { return s.vec + head_input(t, r + i); };
+#else
+      const auto input = [&](int) { return s.vec; };
+#endif
 #if WEIGHT_FP8
       // An FP8 gate/up row: both halves in one pass over x, the up half halfway (both halves have
-      // the same padded size). bf16 rows keep one pass per half: their x loads cost half as much
-      // per weight byte, and the pair's registers made bf16 MLA builds spill.
-      if (fp8 && halves == 2) {
+      // the same padded size); or two whole FP8 rows that read the same x. bf16 rows keep one pass
+      // per half: their x loads cost half as much per weight byte, and the pair's registers made
+      // bf16 MLA builds spill.
+      const bool two_rows = per_warp == 2 && rr + 1 < n && input(rr + 1) == input(rr);
+      if ((fp8 && halves == 2) || two_rows) {
         float y[2];
-        dot_segment_fp8_pair(page + rr * rb, rb / 2, 8 * k8, x, begin, end, lane, scale_shift, y);
-        put(0, y[0]);
-        put(1, y[1]);
+        dot_segment_fp8_pair(page + rr * rb, two_rows ? rb : rb / 2, 8 * k8, input(rr), begin, end, lane,
+                             scale_shift, y);
+        put(rr, 0, y[0]);
+        put(rr + two_rows, two_rows ? 0 : 1, y[1]);
         continue;
       }
 #endif
-      for (int h = 0; h < halves; ++h) {  // an FP8 row here is a whole row (halves == 1)
+      for (int i = rr; i < min(n, rr + per_warp); ++i) {  // one row, or each of two that read two x
+        const uint4* w = reinterpret_cast<const uint4*>(page + i * rb);
+        const float* x = input(i);
+        for (int h = 0; h < halves; ++h) {  // an FP8 row here is a whole row (halves == 1)
 #if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
-        const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
-                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                                     MOE_SHARED_K / 8, x, begin, end, lane, busy)
-                            : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
+          const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
+                          : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                              ? dot_segment_fp8_pieces(page + i * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                       MOE_SHARED_K / 8, x, begin, end, lane, busy)
+                              : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
 #elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
-        const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
-                        : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                            ? dot_segment_fp8_pieces(page + rr * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                                     MOE_SHARED_K / 8, x, begin, end, lane)
-                            : dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift);
+          const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
+                          : t[F_OPCODE] == OP_MOE_DOWN_ADD
+                              ? dot_segment_fp8_pieces(page + i * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
+                                                       MOE_SHARED_K / 8, x, begin, end, lane)
+                              : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
 #elif WEIGHT_FP8
-        const float y = fp8 ? dot_segment_fp8(page + rr * rb, 8 * k8, x, begin, end, lane, scale_shift)
-                            : dot_segment(w + h * k8, x, begin, end, lane);
+          const float y = fp8 ? dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift)
+                              : dot_segment(w + h * k8, x, begin, end, lane);
 #elif MOE && TP > 1
-        const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
+          const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
 #else
-        const float y = dot_segment(w + h * k8, x, begin, end, lane);
+          const float y = dot_segment(w + h * k8, x, begin, end, lane);
 #endif
-        put(h, y);
+          put(i, h, y);
+        }
       }
     }
   });
