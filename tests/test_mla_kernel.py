@@ -373,3 +373,31 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
         assert torch.allclose(row, want, rtol=1e-2, atol=1e-3 * float(want.abs().max())), cache
         assert torch.equal(bufs[cache].view(-1, width)[:prefill].float(),
                            env[cache][:prefill].float()), "the prefilled rows changed"
+
+
+# The negative controls of the step test: fragment mappings of mla_chunk's mma broken one at a
+# time (decode.cuh's text replaced in what the harness compiles), and the queries' bf16 lo half
+# left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
+SCORE_B = "const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);"
+QUERY_LO = ("      mla_a_fragment(a, m.q + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);\n"
+            "      mma_bf16_16816(d, a, b0, b1);\n")
+BROKEN_MMA = {
+    "score B halves swapped": (SCORE_B, SCORE_B.replace("b0 =", "b2 =").replace("b1 =", "b0 =")
+                               .replace("b2 =", "b1 =")),
+    "value B keys paired wrong": ("col[0] | static_cast<uint32_t>(col[MLA_ROW]) << 16",
+                                  "col[0] | static_cast<uint32_t>(col[8 * MLA_ROW]) << 16"),
+    "query lo half dropped": (QUERY_LO, ""),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_MMA)
+def test_a_broken_mla_mma_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         broken: str) -> None:
+    good, bad = BROKEN_MMA[broken]
+    source = step_source()
+    assert source.count(good) == 1
+    monkeypatch.setattr(sys.modules[__name__], "step_source", lambda: source.replace(good, bad))
+    spec = mla_tiny()
+    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, small("h200-5", 5), 200)
+    with pytest.raises(AssertionError, match="o_latent: max difference"):
+        assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent",))
