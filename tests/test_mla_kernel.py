@@ -379,7 +379,7 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
 # time (decode.cuh's text replaced in what the harness compiles), and the queries' bf16 lo half
 # left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
 SCORE_B = "const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);"
-QUERY_LO = ("      mla_a_fragment(a, m.q + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);\n"
+QUERY_LO = ("      mla_a_fragment(a, m.q() + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);\n"
             "      mma_bf16_16816(d, a, b0, b1);\n")
 BROKEN_MMA = {
     "score B halves swapped": (SCORE_B, SCORE_B.replace("b0 =", "b2 =").replace("b1 =", "b0 =")

@@ -2262,8 +2262,10 @@ constexpr int MLA_ROW = (MLA_W + 63) / 64 * 64 + 8;            // bf16 a staged 
 constexpr int MLA_PROW = MLA_KEYS + 8;                         // bf16 a head's probabilities take
 constexpr int MLA_KSPLIT = 4;                                  // warps sharing a score tile's k-steps
 constexpr int MLA_OT = (MLA_RANK / 8 + COMPUTE_WARPS - 1) / COMPUTE_WARPS;  // output tiles per warp
-constexpr int MLA_STAGED = MLA_M * MLA_ROW + MLA_KEYS * MLA_ROW / 2 + MLA_KSPLIT * MLA_M * MLA_KEYS +
-                           MLA_M * MLA_PROW + 3 * MLA_HEADS + MLA_ROPE;  // floats, before the merge's
+// MlaStage's parts, floats into s.vec
+constexpr int MLA_ROWS_AT = MLA_M * MLA_ROW, MLA_PART_AT = MLA_ROWS_AT + MLA_KEYS * MLA_ROW / 2;
+constexpr int MLA_PROB_AT = MLA_PART_AT + MLA_KSPLIT * MLA_M * MLA_KEYS, MLA_ST_AT = MLA_PROB_AT + MLA_M * MLA_PROW;
+constexpr int MLA_CS_AT = MLA_ST_AT + 3 * MLA_HEADS, MLA_STAGED = MLA_CS_AT + MLA_ROPE;  // the merge's after
 static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
 static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 static_assert(MLA_RANK % 8 == 0, "the heads' outputs are whole 8-column mma tiles");
@@ -2311,26 +2313,21 @@ __device__ void mla_append_latent(const Params& p, const int* t, long long pos, 
 // (a multiple of 64, plus 8): the 32-bit fragment loads of a warp (8 rows g, 4 column pairs q)
 // then fall on 32 distinct banks, and a key's 16-bit value loads (4 rows q, 8 columns g) on 16
 // distinct words.
-struct MlaStage {
-  __nv_bfloat16* q;     // [2][MLA_M][MLA_ROW]: the heads' queries times the softmax scale, bf16 hi | lo
-  __nv_bfloat16* rows;  // [MLA_KEYS][MLA_ROW]: a block's cache rows, zero past its keys and MLA_W
-  float* part;          // [MLA_KSPLIT][MLA_M][MLA_KEYS]: the block's scores, summed over each split's k-steps
-  __nv_bfloat16* prob;  // [2][MLA_M][MLA_PROW]: the block's probabilities, bf16 hi | lo
-  float* st;            // [3][MLA_HEADS]: max | sum | rescale of the old sums, per head
-  float* cs;            // [MLA_ROPE]: cos | sin at pos
-  float* merge;         // [chunks][MLA_HEADS]: the merge's factors
+struct MlaStage {  // one pointer (s.vec), the parts at constant offsets: few registers held
+  float* vec;
+  // [2][MLA_M][MLA_ROW]: the heads' queries times the softmax scale, bf16 hi | lo
+  __device__ __forceinline__ __nv_bfloat16* q() const { return reinterpret_cast<__nv_bfloat16*>(vec); }
+  // [MLA_KEYS][MLA_ROW]: a block's cache rows, zero past its keys and MLA_W
+  __device__ __forceinline__ __nv_bfloat16* rows() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_ROWS_AT); }
+  // [MLA_KSPLIT][MLA_M][MLA_KEYS]: the block's scores, summed over each split's k-steps
+  __device__ __forceinline__ float* part() const { return vec + MLA_PART_AT; }
+  // [2][MLA_M][MLA_PROW]: the block's probabilities, bf16 hi | lo
+  __device__ __forceinline__ __nv_bfloat16* prob() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_PROB_AT); }
+  // [3][MLA_HEADS]: max | sum | rescale of the old sums, per head
+  __device__ __forceinline__ float* st() const { return vec + MLA_ST_AT; }
+  __device__ __forceinline__ float* cs() const { return vec + MLA_CS_AT; }         // [MLA_ROPE]: cos | sin at pos
+  __device__ __forceinline__ float* merge() const { return vec + MLA_STAGED; }     // [chunks][MLA_HEADS]: the merge's factors
 };
-__device__ __forceinline__ MlaStage mla_stage(float* vec) {
-  MlaStage m;
-  m.q = reinterpret_cast<__nv_bfloat16*>(vec);
-  m.rows = m.q + 2 * MLA_M * MLA_ROW;
-  m.part = reinterpret_cast<float*>(m.rows + MLA_KEYS * MLA_ROW);
-  m.prob = reinterpret_cast<__nv_bfloat16*>(m.part + MLA_KSPLIT * MLA_M * MLA_KEYS);
-  m.st = reinterpret_cast<float*>(m.prob + 2 * MLA_M * MLA_PROW);
-  m.cs = m.st + 3 * MLA_HEADS;
-  m.merge = m.cs + MLA_ROPE;
-  return m;
-}
 
 __device__ __forceinline__ uint32_t bf16_pair(const __nv_bfloat16* x) { return *reinterpret_cast<const uint32_t*>(x); }
 // v as bf16 hi + lo (hi = bf16(v), lo = bf16(v - hi)): ~16 of fp32's 24 significand bits, which
@@ -2364,10 +2361,10 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
       const int r = d - MLA_RANK, pair = MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2);
       const int2 at = rope_pair(pair);
       const float* x = q_pe + h * (MLA_NOPE + MLA_ROPE);
-      const float2 rot = rope_rotate(__ldcg(x + at.x) * scale, __ldcg(x + at.y) * scale, m.cs, pair);
+      const float2 rot = rope_rotate(__ldcg(x + at.x) * scale, __ldcg(x + at.y) * scale, m.cs(), pair);
       v = r == at.x ? rot.x : rot.y;
     }
-    bf16_split(v, m.q + h * MLA_ROW + d, m.q + (MLA_M + h) * MLA_ROW + d);
+    bf16_split(v, m.q() + h * MLA_ROW + d, m.q() + (MLA_M + h) * MLA_ROW + d);
   }
 }
 
@@ -2401,17 +2398,17 @@ __device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __
 __device__ __forceinline__ void mla_scores(const MlaStage& m, int warp, int lane) {
   for (int item = warp; item < MLA_KEYS / 8 * MLA_KSPLIT; item += COMPUTE_WARPS) {
     const int n0 = item % (MLA_KEYS / 8) * 8, split = item / (MLA_KEYS / 8);
-    const __nv_bfloat16* key = m.rows + (n0 + (lane >> 2)) * MLA_ROW + 2 * (lane & 3);
+    const __nv_bfloat16* key = m.rows() + (n0 + (lane >> 2)) * MLA_ROW + 2 * (lane & 3);
     float d[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = MLA_KSTEPS * split / MLA_KSPLIT; k < MLA_KSTEPS * (split + 1) / MLA_KSPLIT; ++k) {
       const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);
       uint32_t a[4];
-      mla_a_fragment(a, m.q, MLA_ROW, 16 * k, lane);
+      mla_a_fragment(a, m.q(), MLA_ROW, 16 * k, lane);
       mma_bf16_16816(d, a, b0, b1);
-      mla_a_fragment(a, m.q + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);
+      mla_a_fragment(a, m.q() + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);
       mma_bf16_16816(d, a, b0, b1);
     }
-    float* out = m.part + (split * MLA_M + (lane >> 2)) * MLA_KEYS + n0 + 2 * (lane & 3);
+    float* out = m.part() + (split * MLA_M + (lane >> 2)) * MLA_KEYS + n0 + 2 * (lane & 3);
     out[0] = d[0];
     out[1] = d[1];
     out[8 * MLA_KEYS] = d[2];
@@ -2428,20 +2425,20 @@ __device__ __forceinline__ void mla_softmax(const MlaStage& m, int nb, int warp,
     if (h < MLA_HEADS) {  // warp-uniform
       float x = 0.f;
 #pragma unroll
-      for (int s = 0; s < MLA_KSPLIT; ++s) x += m.part[(s * MLA_M + h) * MLA_KEYS + lane];
+      for (int s = 0; s < MLA_KSPLIT; ++s) x += m.part()[(s * MLA_M + h) * MLA_KEYS + lane];
       x = lane < nb ? x : -INFINITY;
-      const float old = m.st[h], mx = fmaxf(old, warp_max(x));
+      const float old = m.st()[h], mx = fmaxf(old, warp_max(x));
       e = lane < nb ? __expf(x - mx) : 0.f;
       const float l = warp_sum(e);
       __syncwarp();  // every lane has read the old state
       if (lane == 0) {
         const float corr = __expf(old - mx);  // 0 at the first block (old = -inf)
-        m.st[MLA_HEADS + h] = m.st[MLA_HEADS + h] * corr + l;
-        m.st[2 * MLA_HEADS + h] = corr;
-        m.st[h] = mx;
+        m.st()[MLA_HEADS + h] = m.st()[MLA_HEADS + h] * corr + l;
+        m.st()[2 * MLA_HEADS + h] = corr;
+        m.st()[h] = mx;
       }
     }
-    bf16_split(e, m.prob + h * MLA_PROW + lane, m.prob + (MLA_M + h) * MLA_PROW + lane);
+    bf16_split(e, m.prob() + h * MLA_PROW + lane, m.prob() + (MLA_M + h) * MLA_PROW + lane);
   }
 }
 
@@ -2451,8 +2448,8 @@ __device__ __forceinline__ void mla_softmax(const MlaStage& m, int nb, int warp,
 // two consecutive keys' rows in a column.
 __device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT][4], int warp, int lane) {
   const int g = lane >> 2, q = lane & 3;
-  const float c0 = g < MLA_HEADS ? m.st[2 * MLA_HEADS + g] : 0.f;
-  const float c1 = g + 8 < MLA_HEADS ? m.st[2 * MLA_HEADS + g + 8] : 0.f;
+  const float c0 = g < MLA_HEADS ? m.st()[2 * MLA_HEADS + g] : 0.f;
+  const float c1 = g + 8 < MLA_HEADS ? m.st()[2 * MLA_HEADS + g + 8] : 0.f;
 #pragma unroll
   for (int i = 0; i < MLA_OT; ++i) {
     o[i][0] *= c0;
@@ -2460,12 +2457,12 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT]
     o[i][2] *= c1;
     o[i][3] *= c1;
   }
-  const uint16_t* v = reinterpret_cast<const uint16_t*>(m.rows) + 2 * q * MLA_ROW + g;
+  const uint16_t* v = reinterpret_cast<const uint16_t*>(m.rows()) + 2 * q * MLA_ROW + g;
 #pragma unroll
   for (int k = 0; k < MLA_KEYS / 16; ++k) {
     uint32_t hi[4], lo[4];
-    mla_a_fragment(hi, m.prob, MLA_PROW, 16 * k, lane);
-    mla_a_fragment(lo, m.prob + MLA_M * MLA_PROW, MLA_PROW, 16 * k, lane);
+    mla_a_fragment(hi, m.prob(), MLA_PROW, 16 * k, lane);
+    mla_a_fragment(lo, m.prob() + MLA_M * MLA_PROW, MLA_PROW, 16 * k, lane);
 #pragma unroll
     for (int i = 0; i < MLA_OT; ++i) {
       const int n0 = (warp + i * COMPUTE_WARPS) * 8;
@@ -2490,7 +2487,7 @@ __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long
                           float (&o)[MLA_OT][4], int ct) {
   const int warp = ct >> 5, lane = ct & 31;
   for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
-    mla_load_block(p, t, m.rows, b0, k1, ct);
+    mla_load_block(p, t, m.rows(), b0, k1, ct);
     compute_sync();
     mla_scores(m, warp, lane);
     compute_sync();
@@ -2516,8 +2513,8 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
     }
   }
   for (int h = ct; h < MLA_HEADS; h += NT) {
-    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK, m.st[h]);
-    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK + 1, m.st[MLA_HEADS + h]);
+    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK, m.st()[h]);
+    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK + 1, m.st()[MLA_HEADS + h]);
   }
 }
 
@@ -2535,12 +2532,12 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
   const long long n = pos + 1;
 #endif
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
-  const MlaStage stage = mla_stage(s.vec);
-  float* merge = stage.merge;  // [chunks][MLA_HEADS]: the chunks' factors
-  for (int i = ct; i < MLA_ROPE; i += NT) stage.cs[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
+  const MlaStage stage{s.vec};
+  float* merge = stage.merge();  // [chunks][MLA_HEADS]: the chunks' factors
+  for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
   for (int h = ct; h < MLA_HEADS; h += NT) {
-    stage.st[h] = -INFINITY;
-    stage.st[MLA_HEADS + h] = 0.f;
+    stage.st()[h] = -INFINITY;
+    stage.st()[MLA_HEADS + h] = 0.f;
   }
   compute_sync();
   mla_stage_queries(p, t, stage, g, ct);
