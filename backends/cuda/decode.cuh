@@ -2369,24 +2369,29 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
 }
 
 // Stages the block of keys [b0, min(b0 + MLA_KEYS, k1)) of the chunk: its rows (each of
-// 2 MLA_KSTEPS 16-byte pieces; zero past MLA_W and past the block's keys). Every thread issues
-// its share of the copies at once (asynchronous, no registers held), so a block costs one round
-// trip to L2; the caller's barrier publishes the rows.
+// 2 MLA_KSTEPS 16-byte pieces; zero past MLA_W and past the block's keys), NT / MLA_KEYS threads
+// a row, each reading the row's id once (DSA) and then issuing its copies at once (asynchronous,
+// no registers held), so that a block costs one round trip to L2; the caller's barrier
+// publishes the rows.
+static_assert(NT % MLA_KEYS == 0, "whole threads per staged row");
+constexpr int MLA_ROW_THREADS = NT / MLA_KEYS;
 __device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long b0,
                                                long long k1, int ct) {
-  const __nv_bfloat16* cache = p.kv + t[F_KCACHE];
-  for (int i = ct; i < MLA_KEYS * 2 * MLA_KSTEPS; i += NT) {
-    const int j = i / (2 * MLA_KSTEPS), c = i % (2 * MLA_KSTEPS);
-    uint4* piece = reinterpret_cast<uint4*>(rows + j * MLA_ROW) + c;
-    if (b0 + j < k1 && c < MLA_PIECES) {
+  const int j = ct / MLA_ROW_THREADS;
+  const bool live = b0 + j < k1;
 #if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected (F_AUX2)
-      const long long row = __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j);
+  const long long row = live ? __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j) : 0;
 #else
-      const long long row = b0 + j;
+  const long long row = b0 + j;
 #endif
-      cp_async16(piece, reinterpret_cast<const uint4*>(cache + row * MLA_W) + c);
+  const uint4* src = reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + row * MLA_W);
+  uint4* dst = reinterpret_cast<uint4*>(rows + j * MLA_ROW);
+#pragma unroll 1
+  for (int c = ct % MLA_ROW_THREADS; c < 2 * MLA_KSTEPS; c += MLA_ROW_THREADS) {
+    if (live && c < MLA_PIECES) {
+      cp_async16(dst + c, src + c);
     } else {
-      *piece = uint4{};
+      dst[c] = uint4{};
     }
   }
   cp_async_wait_all();
