@@ -35,6 +35,8 @@ PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per
 # (llama-3.2-1b on the H200: 16 KB pages 1.44 ms/token, 32 KB 1.19, 48 KB 1.12, 64 KB 1.09)
 REDUCTION_FLOATS = 1024  # cross-warp reduction scratch
 MLA_KEYS = 32  # cache rows an MLA attention task scores, then accumulates, at a time
+MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of them used)
+MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
 FLAG_BYTES = 32
 
 
@@ -50,12 +52,16 @@ def _align(n: int) -> int:
 
 
 def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
-    """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh:
-    run_mla_attention): its heads' queries against a cache row, the scores of a block of
-    `MLA_KEYS` keys per head, the block's cache rows (bf16), each head's softmax state, the
-    position's RoPE cos | sin, and the merge's factor of each chunk per head."""
-    width = rank + rope
-    return heads * (width + MLA_KEYS + 3 + chunks) + MLA_KEYS * width // 2 + rope
+    """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh: MlaStage, whose
+    static_assert checks the fixed part against MAX_K): the queries of a 16-row mma tile as
+    bf16 hi and lo, a block of `MLA_KEYS` cache rows (bf16; rows and queries padded to a
+    multiple of 64 values plus 8, so that fragment loads hit distinct banks), the block's
+    scores summed over each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows
+    of MLA_KEYS + 8), each head's softmax state, the position's RoPE cos | sin, and the
+    merge's factor of each chunk per head."""
+    row = -(-(rank + rope) // 64) * 64 + 8
+    tile = MLA_TILE_ROWS * row + MLA_KEYS * row // 2 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
+    return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + heads * (3 + chunks) + rope
 
 
 def _staged_floats(program: Program) -> int:

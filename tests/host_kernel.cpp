@@ -261,15 +261,43 @@ static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ri
 #endif
 static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
 static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
+#if FP8_MMA || MLA
+// The tensor cores' mma.m16n8k16 with f32 accumulation (decode.cuh: mma_f16_16816 for the FP8
+// rows' path, mma_bf16_16816 for MLA attention, inline PTX there). The mma gathers the warp's 32
+// lanes' fragments through a per-warp buffer between two barriers and computes each lane's
+// D = A * B + D in float, reading A and B back out of the fragments as the PTX ISA lays out
+// m16n8k16 .f16 / .bf16 (group g = lane / 4, q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row
+// g+8; a2 row g, k 2q+8, 2q+9; a3 row g+8, k 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8,
+// 2q+9; D's d0, d1 row g, columns 2q, 2q+1, d2, d3 row g+8), each 16-bit value converted by
+// `value` (exactly: every f16 and bf16 value is a float).
+struct MmaFragments {
+  uint32_t a[32][4], b[32][2];
+};
+static MmaFragments mma_buf[COMPUTE_WARPS];
+template <float (*value)(uint16_t)> static inline float half_of(uint32_t reg, int k) {
+  return value(static_cast<uint16_t>(reg >> (16 * (k & 1))));
+}
+template <float (*value)(uint16_t)> static void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const int warp = tl_ct >> 5, lane = tl_ct & 31, g = lane / 4, q = lane % 4;
+  MmaFragments& f = mma_buf[warp];
+  std::memcpy(f.a[lane], a, sizeof f.a[lane]);
+  f.b[lane][0] = b0;
+  f.b[lane][1] = b1;
+  warps[warp].bar.arrive_and_wait();
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
+    float sum = d[i];
+    for (int k = 0; k < 16; ++k)
+      sum += half_of<value>(f.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k) *
+             half_of<value>(f.b[n * 4 + (k % 8) / 2][k >= 8], k);
+    d[i] = sum;
+  }
+  warps[warp].bar.arrive_and_wait();  // nobody overwrites the fragments before every lane has read them
+}
+#endif
 #if FP8_MMA
-// The tensor-core pieces of the FP8 mma path (decode.cuh: mma_f16_16816 and its neighbours,
-// which are inline PTX there). f16 is the host compiler's _Float16 (round to nearest even, with
-// subnormals, as __float2half_rn). The mma gathers the warp's 32 lanes' fragments through a
-// per-warp buffer between two barriers and computes each lane's D = A * B + D in float, reading A
-// and B back out of the fragments as the PTX ISA lays out m16n8k16 .f16 (group g = lane / 4,
-// q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row g+8; a2 row g, k 2q+8, 2q+9; a3 row g+8, k
-// 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8, 2q+9; D's d0, d1 row g, columns 2q, 2q+1,
-// d2, d3 row g+8).
+// f16 is the host compiler's _Float16 (round to nearest even, with subnormals, as
+// __float2half_rn).
 static inline uint16_t f16_round(float x) {
   const _Float16 h = static_cast<_Float16>(x);
   uint16_t u;
@@ -285,29 +313,13 @@ static inline uint32_t e4m3x2_to_f16x2(uint32_t pair) {
   return f16_round(e4m3_value(pair & 0xffu)) | static_cast<uint32_t>(f16_round(e4m3_value((pair >> 8) & 0xffu))) << 16;
 }
 static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
-struct MmaFragments {
-  uint32_t a[32][4], b[32][2];
-};
-static MmaFragments mma_buf[COMPUTE_WARPS];
-static inline float f16_half(uint32_t reg, int k) { return f16_float(static_cast<uint16_t>(reg >> (16 * (k & 1)))); }
-static inline float mma_a(const MmaFragments& f, int row, int k) {
-  return f16_half(f.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k);
-}
-static inline float mma_b(const MmaFragments& f, int k, int n) { return f16_half(f.b[n * 4 + (k % 8) / 2][k >= 8], k); }
-static void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  const int warp = tl_ct >> 5, lane = tl_ct & 31, g = lane / 4, q = lane % 4;
-  MmaFragments& f = mma_buf[warp];
-  std::memcpy(f.a[lane], a, sizeof f.a[lane]);
-  f.b[lane][0] = b0;
-  f.b[lane][1] = b1;
-  warps[warp].bar.arrive_and_wait();
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
-    float sum = d[i];
-    for (int k = 0; k < 16; ++k) sum += mma_a(f, row, k) * mma_b(f, k, n);
-    d[i] = sum;
-  }
-  warps[warp].bar.arrive_and_wait();  // nobody overwrites the fragments before every lane has read them
+static void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_16816<f16_float>(d, a, b0, b1); }
+#endif
+#if MLA
+static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
+static inline void cp_async_wait_all() {}
+static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma_16816<__bfloat162float>(d, a, b0, b1);
 }
 #endif
 struct ThreadIdx {

@@ -29,7 +29,7 @@ import tilertc
 from tilertc.backends.cuda import codegen, encode
 from tilertc.backends.cuda.encode import FIELDS, MLA_FIELDS, OPCODES
 from tilertc.driver import CompileOptions, compile, manifest
-from tilertc.engine import act_arena, copy_cache, pack_weights, rank_state, shard_weights
+from tilertc.engine import Engine, act_arena, copy_cache, pack_weights, rank_state, shard_weights
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.mla import kv_b_per_head
 from tilertc.ir.target import get_target
@@ -39,6 +39,7 @@ from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.residency import MLA_KEYS
 from tilertc.passes.task_semantics import from_fixed
 
 # deepseek-v3-tiny with a dense FFN in every layer: DeepSeek's MoE routing is not in the kernel
@@ -69,6 +70,15 @@ def test_latent_rows_of_partial_pieces_are_refused_by_name() -> None:
     program.graph.op("layers.1.attention").attrs["kv_lora_rank"] = 12
     with pytest.raises(ScheduleError, match="op 'layers.1.attention': not yet in the CUDA "
                                             "backend: latent cache rows of 20 values"):
+        codegen.check_supported(program)
+
+
+def test_a_latent_rank_of_partial_mma_tiles_is_refused_by_name() -> None:
+    program = tilertc.schedule(mla_tiny())
+    attrs = program.graph.op("layers.0.attention").attrs
+    attrs["kv_lora_rank"], attrs["qk_rope_head_dim"] = 12, 12  # rows of 24: whole pieces
+    with pytest.raises(ScheduleError, match="op 'layers.0.attention': not yet in the CUDA "
+                                            "backend: a latent rank of 12 "):
         codegen.check_supported(program)
 
 
@@ -250,8 +260,6 @@ STEPS = [
 def coverage(program: Program, pos: int) -> dict[str, object]:
     """The most heads a head_matvec task's rows span, the most key blocks (MLA_KEYS) of an
     attention chunk, whether a chunk is empty, and the head groups, at position `pos`."""
-    from tilertc.passes.residency import MLA_KEYS
-
     spans = max(-(-t.rows[1] // a["rows_per_head"]) - t.rows[0] // a["rows_per_head"]
                 for t in program.tasks if t.opcode == "head_matvec"
                 for a in [program.graph.op(t.op).attrs])
@@ -373,3 +381,57 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
         assert torch.allclose(row, want, rtol=1e-2, atol=1e-3 * float(want.abs().max())), cache
         assert torch.equal(bufs[cache].view(-1, width)[:prefill].float(),
                            env[cache][:prefill].float()), "the prefilled rows changed"
+
+
+# The negative controls of the step test: fragment mappings of mla_chunk's mma broken one at a
+# time (decode.cuh's text replaced in what the harness compiles), and the queries' bf16 lo half
+# left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
+SCORE_B = "const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);"
+QUERY_LO = ("      mla_a_fragment(a, m.q() + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);\n"
+            "      mma_bf16_16816(d, a, b0, b1);\n")
+BROKEN_MMA = {
+    "score B halves swapped": (SCORE_B, SCORE_B.replace("b0 =", "b2 =").replace("b1 =", "b0 =")
+                               .replace("b2 =", "b1 =")),
+    "value B keys paired wrong": ("col[0] | static_cast<uint32_t>(col[MLA_ROW]) << 16",
+                                  "col[0] | static_cast<uint32_t>(col[8 * MLA_ROW]) << 16"),
+    "query lo half dropped": (QUERY_LO, ""),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_MMA)
+def test_a_broken_mla_mma_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         broken: str) -> None:
+    good, bad = BROKEN_MMA[broken]
+    source = step_source()
+    assert source.count(good) == 1
+    monkeypatch.setattr(sys.modules[__name__], "step_source", lambda: source.replace(good, bad))
+    spec = mla_tiny()
+    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, small("h200-5", 5), 200)
+    with pytest.raises(AssertionError, match="o_latent: max difference"):
+        assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent",))
+
+
+# -- on a GPU ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_full_size_mla_attention_output_matches_interpreter(tmp_path: Path) -> None:
+    """mla_chunk on the H200's tensor cores at full size (DeepSeek-V3 attention: 16 heads per
+    task, rows of 576, latent rank 512) after a 2500-token prompt, so that every chunk has
+    several blocks of MLA_KEYS keys, the last one partial: each layer's latent attention output
+    step by step against the interpreter's (its cache in bf16, as the kernel keeps it) within
+    1e-3 of its largest value; the teacher-forced logits tests allow 2e-2."""
+    from test_cuda_kernel import forced_steps, load
+
+    prefill = 2500
+    out = compile(load("deepseek-v3-attention"), tmp_path, CompileOptions(max_seq_len=4096))
+    engine = Engine.load(out, random_seed=1234)
+    attn = make_program(engine.spec, max_seq_len=4096).graph.op("layers.0.attention").attrs
+    assert prefill // attn["tile"]["chunks"] > 2 * MLA_KEYS
+    for step, _, _, env in forced_steps(engine, 11, torch.bfloat16, prefill, steps=4):
+        for layer in range(engine.spec.num_layers):
+            key = f"layers.{layer}.o_latent"
+            got = engine._act(key).float().cpu().reshape(-1)
+            want = env[key][0].float().cpu().reshape(-1)
+            tol = 1e-3 * float(want.abs().max())
+            assert torch.allclose(got, want, rtol=1e-3, atol=tol), (
+                f"step {step}, {key}: max difference {float((got - want).abs().max()):.3g}")

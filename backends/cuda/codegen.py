@@ -92,7 +92,8 @@ def _check_fp8_scales(program: Program, op) -> None:
 
 
 def _check_mla(op) -> None:
-    """The kernel's MLA reads a latent cache row as whole 16-byte pieces."""
+    """The kernel's MLA reads a latent cache row as whole 16-byte pieces and sums the heads'
+    outputs in 8-column mma tiles."""
     if op.opcode != "mla_attention":
         return
     a = op.attrs
@@ -102,6 +103,8 @@ def _check_mla(op) -> None:
         missing.append(f"latent cache rows of {width} values (not whole 16-byte pieces)")
     if a["qk_rope_head_dim"] % 2:
         missing.append(f"an odd rope dimension {a['qk_rope_head_dim']}")
+    if a["kv_lora_rank"] % 8:
+        missing.append(f"a latent rank of {a['kv_lora_rank']} (not whole 8-column mma tiles)")
     if missing:
         raise ScheduleError(f"op {op.name!r}: not yet in the CUDA backend: "
                             f"{' and '.join(missing)} (it runs absorbed MLA)")

@@ -188,6 +188,26 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
 __device__ __forceinline__ uint16_t f16_round(float x) { return __half_as_ushort(__float2half_rn(x)); }
 __device__ __forceinline__ float f16_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 #endif
+#if MLA
+// MLA attention's score and value products (mla_chunk) on the tensor cores; the host harness
+// (tests/host_kernel.cpp) defines its own of this name. D = A * B + D: A 16x16 bf16 (4 bf16x2
+// registers, the lower k in the low half), B 16x8 bf16 (2), D 16x8 f32 (4), the PTX ISA's
+// mma.m16n8k16 fragments (group g = lane / 4, q = lane % 4: a0 row g, k 2q, 2q+1; a1 row g+8;
+// a2, a3 the same rows at k + 8; b0 column g, k 2q, 2q+1; b1 k + 8; d0, d1 row g, columns 2q,
+// 2q+1; d2, d3 row g+8).
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
+// copies a thread has issued complete by its cp_async_wait_all.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#endif
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -2253,12 +2273,24 @@ __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
 // is the head_matvec that follows).
 constexpr int MLA_W = MLA_RANK + MLA_ROPE;                     // values of a cache row
 constexpr int MLA_PIECES = MLA_W / 8;                          // its 16-byte pieces
-constexpr int MLA_PIECES_PER_LANE = (MLA_PIECES + 31) / 32;
-constexpr int MLA_DPT = (MLA_RANK + NT - 1) / NT;              // latent dims per compute thread
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);           // a chunk's result: out, max, sum per head
+// The tensor-core tiling of mla_chunk (passes/residency.py: mla_staged_floats sizes it alike):
+constexpr int MLA_M = 16;                                      // heads of a task: the rows of an mma tile
+constexpr int MLA_KSTEPS = (MLA_W + 15) / 16;                  // k-steps of a score, the last zero-padded
+constexpr int MLA_ROW = (MLA_W + 63) / 64 * 64 + 8;            // bf16 a staged row (or query) takes
+constexpr int MLA_PROW = MLA_KEYS + 8;                         // bf16 a head's probabilities take
+constexpr int MLA_KSPLIT = 4;                                  // warps sharing a score tile's k-steps
+constexpr int MLA_OT = (MLA_RANK / 8 + COMPUTE_WARPS - 1) / COMPUTE_WARPS;  // output tiles per warp
+// MlaStage's parts, floats into s.vec
+constexpr int MLA_ROWS_AT = MLA_M * MLA_ROW, MLA_PART_AT = MLA_ROWS_AT + MLA_KEYS * MLA_ROW / 2;
+constexpr int MLA_PROB_AT = MLA_PART_AT + MLA_KSPLIT * MLA_M * MLA_KEYS, MLA_ST_AT = MLA_PROB_AT + MLA_M * MLA_PROW;
+constexpr int MLA_CS_AT = MLA_ST_AT + 3 * MLA_HEADS, MLA_STAGED = MLA_CS_AT + MLA_ROPE;  // the merge's after
 static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
 static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
-static_assert(MLA_HEADS <= NT, "a thread per head keeps its softmax state");
+static_assert(MLA_RANK % 8 == 0, "the heads' outputs are whole 8-column mma tiles");
+static_assert(MLA_HEADS <= MLA_M, "a task's heads are the rows of one mma tile");
+static_assert(MLA_KEYS == 32, "the softmax takes a block's keys a lane each");
+static_assert(MLA_STAGED + MLA_HEADS <= MAX_K, "MLA attention's staging (one chunk's merge) exceeds s.vec");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
 // the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope). The DSA
@@ -2296,86 +2328,226 @@ __device__ void mla_append_latent(const Params& p, const int* t, long long pos, 
   }
 }
 
-// 8 bf16 weights (one 16-byte piece) times 8 fp32 inputs, added to acc.
-__device__ __forceinline__ float dot_piece(const uint4 w, const float* x, float acc) {
-  const float4* x4 = reinterpret_cast<const float4*>(x);
-  return Bf16Row::dot(make_uint2(w.z, w.w), x4[1], Bf16Row::dot(make_uint2(w.x, w.y), x4[0], acc));
+// run_mla_attention's shared memory, carved from s.vec. Rows and queries are MLA_ROW bf16 apart
+// (a multiple of 64, plus 8): the 32-bit fragment loads of a warp (8 rows g, 4 column pairs q)
+// then fall on 32 distinct banks, and a key's 16-bit value loads (4 rows q, 8 columns g) on 16
+// distinct words.
+struct MlaStage {  // one pointer (s.vec), the parts at constant offsets: few registers held
+  float* vec;
+  // [2][MLA_M][MLA_ROW]: the heads' queries times the softmax scale, bf16 hi | lo
+  __device__ __forceinline__ __nv_bfloat16* q() const { return reinterpret_cast<__nv_bfloat16*>(vec); }
+  // [MLA_KEYS][MLA_ROW]: a block's cache rows, zero past its keys and MLA_W
+  __device__ __forceinline__ __nv_bfloat16* rows() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_ROWS_AT); }
+  // [MLA_KSPLIT][MLA_M][MLA_KEYS]: the block's scores, summed over each split's k-steps
+  __device__ __forceinline__ float* part() const { return vec + MLA_PART_AT; }
+  // [2][MLA_M][MLA_PROW]: the block's probabilities, bf16 hi | lo
+  __device__ __forceinline__ __nv_bfloat16* prob() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_PROB_AT); }
+  // [3][MLA_HEADS]: max | sum | rescale of the old sums, per head
+  __device__ __forceinline__ float* st() const { return vec + MLA_ST_AT; }
+  __device__ __forceinline__ float* cs() const { return vec + MLA_CS_AT; }         // [MLA_ROPE]: cos | sin at pos
+  __device__ __forceinline__ float* merge() const { return vec + MLA_STAGED; }     // [chunks][MLA_HEADS]: the merge's factors
+};
+
+__device__ __forceinline__ uint32_t bf16_pair(const __nv_bfloat16* x) { return *reinterpret_cast<const uint32_t*>(x); }
+// v as bf16 hi + lo (hi = bf16(v), lo = bf16(v - hi)): ~16 of fp32's 24 significand bits, which
+// two bf16 products keep (a bf16 cache value times either half is exact in the fp32 sums).
+__device__ __forceinline__ void bf16_split(float v, __nv_bfloat16* hi, __nv_bfloat16* lo) {
+  *hi = __float2bfloat16(v);
+  *lo = __float2bfloat16(v - __bfloat162float(*hi));
+}
+// The A fragment (mma_bf16_16816) of 16 rows `stride` bf16 apart, row-major, at k-step k0.
+__device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bfloat16* x, int stride, int k0, int lane) {
+  const __nv_bfloat16* r = x + (lane >> 2) * stride + k0 + 2 * (lane & 3);
+  a[0] = bf16_pair(r);
+  a[1] = bf16_pair(r + 8 * stride);
+  a[2] = bf16_pair(r + 8);
+  a[3] = bf16_pair(r + 8 * stride + 8);
 }
 
-// The chunk's rows are taken MLA_KEYS at a time: warps score them (lanes take a row's 16-byte
-// pieces, a warp sum per head) and stage them in shared memory; a thread per head moves that
-// head's online softmax to the block's maximum; then every thread, owning latent dims, adds the
-// block's probability-weighted rows to its heads' sums. So each row is read from L2 once, and no
-// thread holds more than MLA_HEADS x MLA_DPT sums (the heads' outputs are MLA_HEADS x MLA_RANK).
-__device__ void mla_chunk(const Params& p, const int* t, const float* qs, float* sc, __nv_bfloat16* rows,
-                          float* st, long long k0, long long k1, float (&acc)[MLA_HEADS][MLA_DPT], int ct) {
-  const int warp = ct >> 5, lane = ct & 31;
-  const __nv_bfloat16* cache = p.kv + t[F_KCACHE];
-  for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
-    const int nb = static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0));
-    for (int j = warp; j < nb; j += COMPUTE_WARPS) {
+// The group's queries times the softmax scale, the A rows of the scores: q_latent (F_IN), then
+// q's rope part (F_AUX) rotated at pos (cs), as bf16 hi | lo; heads past MLA_HEADS and dims past
+// MLA_W (the last k-step's padding) are zero.
+__device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage& m, int g, int ct) {
+  const float scale = __int_as_float(t[F_SCALE]);
+  const float* q_lat = p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK;
+  const float* q_pe = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
+  for (int i = ct; i < MLA_M * 16 * MLA_KSTEPS; i += NT) {
+    const int h = i / (16 * MLA_KSTEPS), d = i % (16 * MLA_KSTEPS);
+    float v = 0.f;
+    if (h < MLA_HEADS && d < MLA_RANK) {
+      v = __ldcg(q_lat + h * MLA_RANK + d) * scale;
+    } else if (h < MLA_HEADS && d < MLA_W) {
+      const int r = d - MLA_RANK, pair = MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2);
+      const int2 at = rope_pair(pair);
+      const float* x = q_pe + h * (MLA_NOPE + MLA_ROPE);
+      const float2 rot = rope_rotate(__ldcg(x + at.x) * scale, __ldcg(x + at.y) * scale, m.cs(), pair);
+      v = r == at.x ? rot.x : rot.y;
+    }
+    bf16_split(v, m.q() + h * MLA_ROW + d, m.q() + (MLA_M + h) * MLA_ROW + d);
+  }
+}
+
+// Stages the block of keys [b0, min(b0 + MLA_KEYS, k1)) of the chunk: its rows (each of
+// 2 MLA_KSTEPS 16-byte pieces; zero past MLA_W and past the block's keys), NT / MLA_KEYS threads
+// a row, each reading the row's id once (DSA) and then issuing its copies at once (asynchronous,
+// no registers held), so that a block costs one round trip to L2; the caller's barrier
+// publishes the rows.
+static_assert(NT % MLA_KEYS == 0, "whole threads per staged row");
+constexpr int MLA_ROW_THREADS = NT / MLA_KEYS;
+__device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long b0,
+                                               long long k1, int ct) {
+  const int j = ct / MLA_ROW_THREADS;
+  const bool live = b0 + j < k1;
 #if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected (F_AUX2)
-      const long long row = __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j);
+  const long long row = live ? __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j) : 0;
 #else
-      const long long row = b0 + j;
+  const long long row = b0 + j;
 #endif
-      const uint4* src = reinterpret_cast<const uint4*>(cache + row * MLA_W);
-      uint4* staged = reinterpret_cast<uint4*>(rows + j * MLA_W);
-      uint4 piece[MLA_PIECES_PER_LANE];
+  const uint4* src = reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + row * MLA_W);
+  uint4* dst = reinterpret_cast<uint4*>(rows + j * MLA_ROW);
+#pragma unroll 1
+  for (int c = ct % MLA_ROW_THREADS; c < 2 * MLA_KSTEPS; c += MLA_ROW_THREADS) {
+    if (live && c < MLA_PIECES) {
+      cp_async16(dst + c, src + c);
+    } else {
+      dst[c] = uint4{};
+    }
+  }
+  cp_async_wait_all();
+}
+
+// S = Q K^T of the staged block: a warp's item is an n-tile of 8 keys (B = the keys' rows, a key's
+// consecutive dims being B's k) over one of MLA_KSPLIT ranges of the k-steps, Q hi and Q lo each
+// an mma per k-step; the ranges' sums go to `part` (the softmax adds them in a fixed order).
+__device__ __forceinline__ void mla_scores(const MlaStage& m, int warp, int lane) {
+  for (int item = warp; item < MLA_KEYS / 8 * MLA_KSPLIT; item += COMPUTE_WARPS) {
+    const int n0 = item % (MLA_KEYS / 8) * 8, split = item / (MLA_KEYS / 8);
+    const __nv_bfloat16* key = m.rows() + (n0 + (lane >> 2)) * MLA_ROW + 2 * (lane & 3);
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int k = MLA_KSTEPS * split / MLA_KSPLIT; k < MLA_KSTEPS * (split + 1) / MLA_KSPLIT; ++k) {
+      const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);
+      uint32_t a[4];
+      mla_a_fragment(a, m.q(), MLA_ROW, 16 * k, lane);
+      mma_bf16_16816(d, a, b0, b1);
+      mla_a_fragment(a, m.q() + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);
+      mma_bf16_16816(d, a, b0, b1);
+    }
+    float* out = m.part() + (split * MLA_M + (lane >> 2)) * MLA_KEYS + n0 + 2 * (lane & 3);
+    out[0] = d[0];
+    out[1] = d[1];
+    out[8 * MLA_KEYS] = d[2];
+    out[8 * MLA_KEYS + 1] = d[3];
+  }
+}
+
+// The block's online softmax, a warp per head and a lane per key (nb keys): moves the head's
+// state to the block's maximum (st: max, sum, and the factor that rescales the old sums) and
+// leaves the probabilities as bf16 hi | lo, zero past nb and for rows past MLA_HEADS.
+__device__ __forceinline__ void mla_softmax(const MlaStage& m, int nb, int warp, int lane) {
+  for (int h = warp; h < MLA_M; h += COMPUTE_WARPS) {
+    float e = 0.f;
+    if (h < MLA_HEADS) {  // warp-uniform
+      float x = 0.f;
 #pragma unroll
-      for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
-        if (lane + 32 * u < MLA_PIECES) piece[u] = __ldcg(src + lane + 32 * u);
-#pragma unroll
-      for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
-        if (lane + 32 * u < MLA_PIECES) staged[lane + 32 * u] = piece[u];
-      for (int h = 0; h < MLA_HEADS; ++h) {
-        float d = 0.f;
-#pragma unroll
-        for (int u = 0; u < MLA_PIECES_PER_LANE; ++u)
-          if (lane + 32 * u < MLA_PIECES) d = dot_piece(piece[u], qs + h * MLA_W + 8 * (lane + 32 * u), d);
-        d = warp_sum(d);
-        if (lane == 0) sc[h * MLA_KEYS + j] = d;
+      for (int s = 0; s < MLA_KSPLIT; ++s) x += m.part()[(s * MLA_M + h) * MLA_KEYS + lane];
+      x = lane < nb ? x : -INFINITY;
+      const float old = m.st()[h], mx = fmaxf(old, warp_max(x));
+      e = lane < nb ? __expf(x - mx) : 0.f;
+      const float l = warp_sum(e);
+      __syncwarp();  // every lane has read the old state
+      if (lane == 0) {
+        const float corr = __expf(old - mx);  // 0 at the first block (old = -inf)
+        m.st()[MLA_HEADS + h] = m.st()[MLA_HEADS + h] * corr + l;
+        m.st()[2 * MLA_HEADS + h] = corr;
+        m.st()[h] = mx;
       }
     }
-    compute_sync();
-    for (int h = ct; h < MLA_HEADS; h += NT) {  // st: [max | sum | rescale of the old sums] per head
-      float mx = st[h];
-      for (int j = 0; j < nb; ++j) mx = fmaxf(mx, sc[h * MLA_KEYS + j]);
-      const float corr = __expf(st[h] - mx);  // 0 at the first block (st[h] = -inf)
-      float l = st[MLA_HEADS + h] * corr;
-      for (int j = 0; j < nb; ++j) {
-        const float e = __expf(sc[h * MLA_KEYS + j] - mx);
-        sc[h * MLA_KEYS + j] = e;
-        l += e;
-      }
-      st[h] = mx;
-      st[MLA_HEADS + h] = l;
-      st[2 * MLA_HEADS + h] = corr;
+    bf16_split(e, m.prob() + h * MLA_PROW + lane, m.prob() + (MLA_M + h) * MLA_PROW + lane);
+  }
+}
+
+// O = O corr + P V of the staged block: warp w owns the 8-column output tiles w, w + COMPUTE_WARPS,
+// ... of every head (o[i]: rows g and g + 8, columns 2q, 2q + 1 of its tile i); A = P hi, then P lo,
+// over the block's two k-steps of 16 keys; B (k = key, n = latent dim) pairs the 16-bit values of
+// two consecutive keys' rows in a column.
+__device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT][4], int warp, int lane) {
+  const int g = lane >> 2, q = lane & 3;
+  const float c0 = g < MLA_HEADS ? m.st()[2 * MLA_HEADS + g] : 0.f;
+  const float c1 = g + 8 < MLA_HEADS ? m.st()[2 * MLA_HEADS + g + 8] : 0.f;
+#pragma unroll
+  for (int i = 0; i < MLA_OT; ++i) {
+    o[i][0] *= c0;
+    o[i][1] *= c0;
+    o[i][2] *= c1;
+    o[i][3] *= c1;
+  }
+  const uint16_t* v = reinterpret_cast<const uint16_t*>(m.rows()) + 2 * q * MLA_ROW + g;
+#pragma unroll
+  for (int k = 0; k < MLA_KEYS / 16; ++k) {
+    uint32_t hi[4], lo[4];
+    mla_a_fragment(hi, m.prob(), MLA_PROW, 16 * k, lane);
+    mla_a_fragment(lo, m.prob() + MLA_M * MLA_PROW, MLA_PROW, 16 * k, lane);
+#pragma unroll
+    for (int i = 0; i < MLA_OT; ++i) {
+      const int n0 = (warp + i * COMPUTE_WARPS) * 8;
+      if (n0 >= MLA_RANK) break;  // warp-uniform
+      const uint16_t* col = v + 16 * k * MLA_ROW + n0;
+      const uint32_t b0 = col[0] | static_cast<uint32_t>(col[MLA_ROW]) << 16;
+      const uint32_t b1 = col[8 * MLA_ROW] | static_cast<uint32_t>(col[9 * MLA_ROW]) << 16;
+      mma_bf16_16816(o[i], hi, b0, b1);
+      mma_bf16_16816(o[i], lo, b0, b1);
     }
+  }
+}
+
+// The chunk's rows [k0, k1) are taken MLA_KEYS at a time, on the tensor cores (mma.m16n8k16,
+// bf16 in, fp32 sums; FlashMLA's scheme): every thread copies its share of the block's rows
+// to shared memory (mla_load_block); the warps score the block (mla_scores), a warp per head moves its online softmax
+// (mla_softmax), and the warps add the probability-weighted rows to the heads' sums, which stay
+// in registers (mla_values). The queries and probabilities are split into bf16 hi + lo, so
+// scores and sums keep ~16 significand bits of the fp32 reference's 24; the rows are bf16 as
+// cached. Each row is read from L2 once.
+__device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long long k0, long long k1,
+                          float (&o)[MLA_OT][4], int ct) {
+  const int warp = ct >> 5, lane = ct & 31;
+  for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
+    mla_load_block(p, t, m.rows(), b0, k1, ct);
     compute_sync();
+    mla_scores(m, warp, lane);
+    compute_sync();
+    mla_softmax(m, static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0)), warp, lane);
+    compute_sync();
+    mla_values(m, o, warp, lane);
+    compute_sync();  // before the next block's rows and probabilities replace these
+  }
+}
+
+// A chunk's result (the layout the merge reads): per head its MLA_RANK sums (o: mla_values'
+// tiles), its max and its sum.
+__device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[MLA_OT][4], int ct) {
+  const int warp = ct >> 5, lane = ct & 31, g = lane >> 2;
 #pragma unroll
-    for (int h = 0; h < MLA_HEADS; ++h)
-#pragma unroll
-      for (int i = 0; i < MLA_DPT; ++i) acc[h][i] *= st[2 * MLA_HEADS + h];
-    for (int j = 0; j < nb; ++j)
-#pragma unroll
-      for (int i = 0; i < MLA_DPT; ++i) {
-        const int d = ct + i * NT;
-        if (d >= MLA_RANK) break;
-        const float v = __bfloat162float(rows[j * MLA_W + d]);
-#pragma unroll
-        for (int h = 0; h < MLA_HEADS; ++h) acc[h][i] = fmaf(sc[h * MLA_KEYS + j], v, acc[h][i]);
-      }
-    compute_sync();  // before the next block's rows and scores replace these
+  for (int i = 0; i < MLA_OT; ++i) {
+    const int n = (warp + i * COMPUTE_WARPS) * 8 + 2 * (lane & 3);
+    if (n >= MLA_RANK) break;
+    for (int r = 0; r < 2; ++r) {
+      if (g + 8 * r >= MLA_HEADS) break;
+      __stcg(part + (g + 8 * r) * (MLA_RANK + 2) + n, o[i][2 * r]);
+      __stcg(part + (g + 8 * r) * (MLA_RANK + 2) + n + 1, o[i][2 * r + 1]);
+    }
+  }
+  for (int h = ct; h < MLA_HEADS; h += NT) {
+    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK, m.st()[h]);
+    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK + 1, m.st()[MLA_HEADS + h]);
   }
 }
 
 // One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
 // indexer's selection, the first min(pos + 1, DSA_TOPK) entries of its list) of one group of MLA_HEADS
-// heads (F_ROW0): stage the heads' queries (q_latent at F_IN, q's rope part at F_AUX, rotated),
-// both times the softmax scale; run the chunk; leave (sums, max, sum) per head in mla_partials
-// (F_AUX3). The last chunk task of the group to arrive (F_ARRIVE + group) merges every chunk's
-// result into o_latent (F_OUT) and is the one that signals. Returns whether it signals.
+// heads (F_ROW0): stage the heads' queries (mla_stage_queries); run the chunk; leave (sums, max,
+// sum) per head in mla_partials (F_AUX3). The last chunk task of the group to arrive (F_ARRIVE +
+// group) merges every chunk's result into o_latent (F_OUT) and is the one that signals. Returns
+// whether it signals.
 __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
 #if DSA
@@ -2384,49 +2556,19 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
   const long long n = pos + 1;
 #endif
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
-  float* qs = s.vec;                              // [MLA_HEADS][MLA_W]
-  float* sc = qs + MLA_HEADS * MLA_W;             // [MLA_HEADS][MLA_KEYS]: scores, then probabilities
-  __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(sc + MLA_HEADS * MLA_KEYS);  // [MLA_KEYS][MLA_W]
-  float* st = sc + MLA_HEADS * MLA_KEYS + MLA_KEYS * MLA_W / 2;  // [3][MLA_HEADS]
-  float* cs = st + 3 * MLA_HEADS;                 // [MLA_ROPE]: cos | sin at pos
-  float* merge = cs + MLA_ROPE;                   // [chunks][MLA_HEADS]: the chunks' factors
-  const float scale = __int_as_float(t[F_SCALE]);
-  const float* q_lat = p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK;
-  const float* q = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
-  for (int i = ct; i < MLA_HEADS * MLA_W; i += NT) {
-    const int h = i / MLA_W, d = i % MLA_W;
-    qs[i] = (d < MLA_RANK ? __ldcg(q_lat + h * MLA_RANK + d) : __ldcg(q + h * (MLA_NOPE + MLA_ROPE) + d - MLA_RANK)) * scale;
-  }
-  for (int i = ct; i < MLA_ROPE; i += NT) cs[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
+  const MlaStage stage{s.vec};
+  float* merge = stage.merge();  // [chunks][MLA_HEADS]: the chunks' factors
+  for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
   for (int h = ct; h < MLA_HEADS; h += NT) {
-    st[h] = -INFINITY;
-    st[MLA_HEADS + h] = 0.f;
+    stage.st()[h] = -INFINITY;
+    stage.st()[MLA_HEADS + h] = 0.f;
   }
   compute_sync();
-  for (int i = ct; i < MLA_HEADS * MLA_ROPE / 2; i += NT) {  // RoPE on the queries' rope part
-    float* v = qs + i / (MLA_ROPE / 2) * MLA_W + MLA_RANK;
-    const int2 d = rope_pair(i % (MLA_ROPE / 2));
-    const float2 r = rope_rotate(v[d.x], v[d.y], cs, i % (MLA_ROPE / 2));
-    v[d.x] = r.x;
-    v[d.y] = r.y;
-  }
-  compute_sync();
-  float acc[MLA_HEADS][MLA_DPT];
-#pragma unroll
-  for (int h = 0; h < MLA_HEADS; ++h)
-#pragma unroll
-    for (int i = 0; i < MLA_DPT; ++i) acc[h][i] = 0.f;
-  mla_chunk(p, t, qs, sc, rows, st, k0, k1, acc, ct);
+  mla_stage_queries(p, t, stage, g, ct);
+  float acc[MLA_OT][4] = {};
+  mla_chunk(p, t, stage, k0, k1, acc, ct);
   float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * MLA_PART;
-#pragma unroll
-  for (int h = 0; h < MLA_HEADS; ++h)
-#pragma unroll
-    for (int i = 0; i < MLA_DPT; ++i)
-      if (ct + i * NT < MLA_RANK) __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + ct + i * NT, acc[h][i]);
-  for (int h = ct; h < MLA_HEADS; h += NT) {
-    __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK, st[h]);
-    __stcg(parts + c * MLA_PART + h * (MLA_RANK + 2) + MLA_RANK + 1, st[MLA_HEADS + h]);
-  }
+  mla_write_part(parts + c * MLA_PART, stage, acc, ct);
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge: chunk k's sums count exp(max_k - max) / den times, den the heads' softmax sum; an empty
   // chunk (max -inf) not at all. A warp per head weighs its chunks (a lane per chunk), then each
