@@ -1015,7 +1015,7 @@ __device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long lon
 
 // ---- compute: matrix-vector tasks ----------------------------------------------------------
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
-// weight pages. A page holds `rpp` whole rows; WPR = GROUP_WARPS / rpp warps (rounded down)
+// weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
 // share each row, each taking a contiguous segment of it, so that every warp has work even
 // when a page holds fewer rows than there are warps; segments are counted in groups of 8
 // columns, whatever the weights' format. Weights are bf16, or (WEIGHT_FP8, per task) e4m3 with
@@ -1422,9 +1422,11 @@ __device__ __forceinline__ void release_page(Shared& s, int slot) { mbar_arrive(
 // (wait, loads, reductions, release) overlaps with the others' instead of adding up.
 constexpr int GROUP_WARPS = COMPUTE_WARPS / PAGE_GROUPS;
 
-// Not rounded to a power of two: a page of 3 rows (FP8 DeepSeek-V3.2 o_proj and dense down rows)
-// keeps 15 of 16 warps busy instead of 12; of 5 rows (GLM-5's dense down), 15 instead of 10.
-__device__ __forceinline__ int warps_per_row(int rows_in_page) { return max(1, GROUP_WARPS / rows_in_page); }
+__device__ __forceinline__ int warps_per_row(int rows_in_page) {
+  int wpr = 1;
+  while (wpr * 2 * rows_in_page <= GROUP_WARPS) wpr *= 2;
+  return wpr;
+}
 
 // Reduces every compute thread's (value, row) pair to the CTA's best, in thread 0: over lanes,
 // then over warps; ties go to the lower row.

@@ -2,7 +2,7 @@
 
 In `decode.cuh: run_matvec` a ring page holds `page_bytes // row_bytes` whole weight rows; the
 warps of a page group (compute warps / page groups) share the page's rows, and when a page has
-fewer rows than warps, `warps_per_row` warps (as many as fit) split each row into equal
+fewer rows than warps, `warps_per_row` warps (a power of two) split each row into equal
 contiguous segments of 16-byte pieces (8 bf16), the last one possibly shorter. One warp
 multiplies one segment by the staged input vector: that is the tile TileLang generates, one per
 distinct segment length. A length this module misses still runs, on the CUDA loop (the seam's
@@ -19,8 +19,11 @@ PIECE_ELEMENTS = 8  # bf16 weights per 16-byte piece
 
 
 def warps_per_row(rows_in_page: int, group_warps: int) -> int:
-    """decode.cuh's warps_per_row: the group's warps per row of the page, rounded down."""
-    return max(1, group_warps // rows_in_page)
+    """decode.cuh's warps_per_row: double while twice as many warps still fit the group."""
+    wpr = 1
+    while wpr * 2 * rows_in_page <= group_warps:
+        wpr *= 2
+    return wpr
 
 
 def row_segments(k_pieces: int, wpr: int) -> list[int]:
