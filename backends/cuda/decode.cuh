@@ -2104,8 +2104,9 @@ __device__ bool run_argmax_ranks(const Params& p, Shared& s, const int* t, long 
 // of the experts' logits (Qwen3-MoE) or each logit's sigmoid (MOE_SIGMOID, DeepSeek-V3). Experts
 // are selected by their scores plus the correction bias (MOE_BIAS), within the MOE_TOPK_GROUP of
 // MOE_GROUPS groups whose two best such values sum highest (the others' values set to -inf, as
-// route() masks them; a warp per group, limit_groups); the MOE_TOP_K best, best first (equal values: the lower expert first, as
-// ir/moe.py: top defines it), ranked by all compute threads (run_moe_topk). The weights are the
+// route() masks them; a warp per group, limit_groups); the MOE_TOP_K best, best first (equal
+// values: the lower expert first, as ir/moe.py: top defines it), ranked by all compute threads
+// (run_moe_topk). The weights are the
 // chosen experts' scores, renormalized when MOE_NORM_TOPK_PROB, times MOE_SCALING. The order is
 // total (NaN above every value, as torch's sort puts it), so that every expert has its own rank
 // and even NaN logits give valid, distinct ids: the loader trusts them.
