@@ -262,8 +262,10 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
 QUERY_LO = ("      mla_a_fragment(a, qs + DSA_MT * 16 * DSA_ROW, DSA_ROW, 16 * k, lane);\n"
             "      mma_bf16_16816(d, a, b0, b1);\n")
 BROKEN_DSA = {
-    "B fragment from the wrong lanes": ("key = m.rows() + (n0 + g) * DSA_ROW + 2 * q;",
-                                        "key = m.rows() + (n0 + q) * DSA_ROW + 2 * g;"),
+    "B fragment from the wrong lanes": ("row = m.rows() + (n0 + g) * DSA_ROW + 2 * q;",
+                                        "row = m.rows() + (n0 + q) * DSA_ROW + 2 * g;"),
+    "B halves swapped": ("b0 = bf16_pair(row + 16 * k), b1 = bf16_pair(row + 16 * k + 8);",
+                         "b1 = bf16_pair(row + 16 * k), b0 = bf16_pair(row + 16 * k + 8);"),
     "weights of neighbouring heads": ("w0 = m.w()[mt * 16 + g],", "w0 = m.w()[mt * 16 + (g ^ 1)],"),
     "heads summed over the wrong lanes": ("for (int o = 4; o < 32; o <<= 1) {  // over g",
                                           "for (int o = 1; o < 8; o <<= 1) {  // over g"),

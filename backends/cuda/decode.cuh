@@ -2762,12 +2762,12 @@ __device__ __forceinline__ void dsa_scores(const DsaStage& m, int nb, int warp, 
   const int g = lane >> 2, q = lane & 3, tiles = (nb + 7) / 8;
   for (int item = warp; item < DSA_MT * tiles; item += COMPUTE_WARPS) {
     const int mt = item % DSA_MT, n0 = item / DSA_MT * 8;
-    const __nv_bfloat16* key = m.rows() + (n0 + g) * DSA_ROW + 2 * q;
+    const __nv_bfloat16* row = m.rows() + (n0 + g) * DSA_ROW + 2 * q;  // B: key n0 + g, dims 2q, 2q + 1
     const __nv_bfloat16* qs = m.q() + mt * 16 * DSA_ROW;
     float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int k = 0; k < DSA_KSTEPS; ++k) {
-      const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);
+      const uint32_t b0 = bf16_pair(row + 16 * k), b1 = bf16_pair(row + 16 * k + 8);
       uint32_t a[4];
       mla_a_fragment(a, qs, DSA_ROW, 16 * k, lane);
       mma_bf16_16816(d, a, b0, b1);
