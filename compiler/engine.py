@@ -320,6 +320,12 @@ class Engine:
         return {op.layer: self._act(op.outputs[0]).view(torch.int32).tolist()
                 for op in self.graph.ops() if op.opcode == "dsa_topk"}
 
+    def index_scores(self) -> dict[int, torch.Tensor]:
+        """The kernel's DSA indexer scores at the last step, per layer that runs one: a score
+        per cache position (fp32; valid up to the step's position, the `dsa_topk` input)."""
+        return {op.layer: self._act(op.inputs[0]).clone()
+                for op in self.graph.ops() if op.opcode == "dsa_topk"}
+
     def _load_cubin(self) -> None:
         with torch.cuda.device(self.device):  # the module lives in this GPU's context
             self._load_module()

@@ -37,6 +37,7 @@ REDUCTION_FLOATS = 1024  # cross-warp reduction scratch
 MLA_KEYS = 32  # cache rows an MLA attention task scores, then accumulates, at a time
 MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of them used)
 MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
+DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
 
 
@@ -64,11 +65,21 @@ def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
     return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + heads * (3 + chunks) + rope
 
 
+def dsa_staged_floats(heads: int, dim: int) -> int:
+    """Shared memory (fp32 words) of a DSA indexer chunk task (decode.cuh: DsaStage, whose
+    static_assert checks it against MAX_K): the queries as bf16 hi and lo in m-tiles of 16
+    heads, a block of `DSA_KEYS` key rows (bf16; rows and queries padded to a multiple of 64
+    values plus 8, so that fragment loads hit distinct banks), each m-tile's sums of a block's
+    keys, the head weights (per padded head) and the step's normed key."""
+    rows = -(-heads // MLA_TILE_ROWS) * MLA_TILE_ROWS
+    row = -(-dim // 64) * 64 + 8
+    return rows * row + DSA_KEYS * row // 2 + rows // MLA_TILE_ROWS * DSA_KEYS + rows + dim
+
+
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk (decode.cuh:
-    run_dsa_score) the indexer's queries, head weights, the new key and the position's RoPE
-    cos | sin."""
+    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk see
+    `dsa_staged_floats`."""
     g = program.graph
     need = [0]
     for t in program.tasks:
@@ -82,7 +93,7 @@ def _staged_floats(program: Program) -> int:
             need.append(mla_staged_floats(a["tile"]["heads_per_task"], a["kv_lora_rank"],
                                           a["qk_rope_head_dim"], a["tile"]["chunks"]))
         elif op.opcode == "dsa_score":
-            need.append(a["n_heads"] * (a["head_dim"] + 1) + a["head_dim"] + a["rotary_dim"])
+            need.append(dsa_staged_floats(a["n_heads"], a["head_dim"]))
     return max(need)
 
 

@@ -304,14 +304,21 @@ SELECTION_TIE = 1e-4  # indexer scores this close (relative to the largest) may 
 
 
 def check_selection(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
-    """Teacher-forced steps: after each, every indexer's selected token ids are the
-    interpreter's (bf16 caches as the kernel's, so that both score the same keys up to
-    summation order), except that a token chosen by one and not the other must score within
-    rounding of the interpreter's cut; at the end, the index key rows the kernel appended are
-    the interpreter's to a bf16 step, and none past the last step is written."""
+    """Teacher-forced steps: after each, every indexer's scores of the prefilled tokens (key
+    rows the same in both caches) are the interpreter's fp32 ones to the tensor cores'
+    ~16 significand bits (1e-4 relative, 1e-5 of the largest; the rows appended since may
+    differ by a bf16 step), and its selected token ids are the interpreter's (bf16 caches as
+    the kernel's), except that a token chosen by one and not the other must score within
+    SELECTION_TIE of the interpreter's cut; at the end, the index key rows the kernel appended
+    are the interpreter's to a bf16 step, and none past the last step is written."""
     compared = checked = 0
     for i, _, _, env in forced_steps(engine, 29, torch.bfloat16, prefill, steps):
         n = prefill + i + 1
+        for layer, got in engine.index_scores().items():
+            want = env[f"layers.{layer}.dsa.scores"][0][:prefill]
+            got = got[:prefill].to(want.device)
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())), (
+                f"step {i}, layer {layer}: scores {float((got - want).abs().max()):.3g} apart")
         for layer, got in engine.selection().items():
             want = env[f"layers.{layer}.dsa.topk"][0].tolist()
             checked += 1

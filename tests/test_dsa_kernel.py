@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import test_mla_kernel
 import torch
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, build_step_harness, random_host_step, small
@@ -63,7 +64,7 @@ def test_codegen_takes_dsa_and_compiles_dsa_code_only_for_it() -> None:
     consts = codegen.constants(tilertc.schedule(tilertc.load_spec("deepseek-v3.2-tiny"),
                                                 max_seq_len=512))
     assert {k: v for k, v in consts.items() if k.startswith("DSA")} == {
-        "DSA": 1, "DSA_HEADS": 4, "DSA_DIM": 16, "DSA_TOPK": 8,
+        "DSA": 1, "DSA_HEADS": 4, "DSA_DIM": 16, "DSA_TOPK": 8, "DSA_KEYS": 64,
         "DSA_SOFTMAX_SCALE": "0.25f", "DSA_HEAD_WEIGHT_SCALE": "0.5f",
         "DSA_ROPE_INTERLEAVED": 0, "DSA_ROW_BITS": 9}
     glm = codegen.constants(tilertc.schedule(tilertc.load_spec("glm-5-tiny")))
@@ -191,17 +192,32 @@ def test_topk_keeps_every_token_below_index_topk_and_ties_to_the_earlier() -> No
 
 # -- a decode step of the device code, run on the host ---------------------------------------
 
+def assert_scores_match(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tensor], layer: int,
+                        n: int) -> None:
+    """The kernel's indexer scores of the n tokens of a layer against the interpreter's fp32
+    ones, to 1e-4 relative and 1e-5 of the largest: the tensor cores' bf16 hi + lo queries keep
+    ~16 significand bits (bf16 queries alone, ~8, miss it by far)."""
+    key = f"layers.{layer}.dsa.scores"
+    got, want = bufs[key][:n], env[key][0][:n]
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max())), (
+        f"{key}: max difference {float((got - want).abs().max()):.3g} "
+        f"of {float(want.abs().max()):.3g}")
+
+
 # (weights, spec, overrides, target, prompt length): deepseek-v3.2-tiny with index_topk 16 on
 # the H200 below the top-k (every token chosen, 32 score chunks mostly empty) and above it (the
 # selection chosen by score, attention chunks of the top-k list); on 5 SMs (several keys per
-# score chunk and warp, several attention key blocks); GLM-5-tiny (its indexer's RoPE
-# interleaved, a layer reusing the layer before's selection) on 7 SMs. With FP8 weights (the
-# indexer's wq_b and wk too, its head weights bf16 in an op of their own): deepseek-v3.2-tiny
-# above the top-k, and GLM-5-tiny (W_uk's rows with one scale per 8 columns) on 7 SMs.
+# score chunk and warp, several attention key blocks); on 2 SMs (score chunks of ~100 keys: two
+# key blocks, the step's key in the second, read back from the cache); GLM-5-tiny (its
+# indexer's RoPE interleaved, a layer reusing the layer before's selection) on 7 SMs. With FP8
+# weights (the indexer's wq_b and wk too, its head weights bf16 in an op of their own):
+# deepseek-v3.2-tiny above the top-k, and GLM-5-tiny (W_uk's rows with one scale per 8
+# columns) on 7 SMs.
 STEPS = [
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 10),
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 100),
     ("bf16", "deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-5", 5), 200),
+    ("bf16", "deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-2", 2), 200),
     ("bf16", "glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
     ("fp8", "deepseek-v3.2-tiny", {}, "h200", 100),
     ("fp8", "glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),
@@ -224,9 +240,7 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
     indexers = [i for i in range(spec.num_layers) if spec.indexer.runs_indexer(i)]
     assert indexers == ([0, 1] if name == "glm-5-tiny" else [0, 1, 2])
     for layer in indexers:
-        key = f"layers.{layer}.dsa.scores"
-        want = env[key][0][:n]
-        assert torch.allclose(bufs[key][:n], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+        assert_scores_match(bufs, env, layer, n)
         ids = f"layers.{layer}.dsa.topk"
         chosen = env[ids][0].tolist()
         assert bufs[ids].view(torch.int32).tolist() == chosen, ids
@@ -240,3 +254,34 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
         assert torch.equal(rows[:prefill].float(), env[cache][:prefill].float())
         assert not rows[n:].float().any(), "rows past the step were written"
     assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent", "x.attn", "x.ffn"))
+
+
+# The negative controls of the step test's scores: run_dsa_score's mma fragment mappings and its
+# reduction over heads broken one at a time (decode.cuh's text replaced in what the harness
+# compiles), and the queries' bf16 lo half left out, each of which must fail it.
+QUERY_LO = ("      mla_a_fragment(a, qs + DSA_MT * 16 * DSA_ROW, DSA_ROW, 16 * k, lane);\n"
+            "      mma_bf16_16816(d, a, b0, b1);\n")
+BROKEN_DSA = {
+    "B fragment from the wrong lanes": ("row = m.rows() + (n0 + g) * DSA_ROW + 2 * q;",
+                                        "row = m.rows() + (n0 + q) * DSA_ROW + 2 * g;"),
+    "B halves swapped": ("b0 = bf16_pair(row + 16 * k), b1 = bf16_pair(row + 16 * k + 8);",
+                         "b1 = bf16_pair(row + 16 * k), b0 = bf16_pair(row + 16 * k + 8);"),
+    "weights of neighbouring heads": ("w0 = m.w()[mt * 16 + g],", "w0 = m.w()[mt * 16 + (g ^ 1)],"),
+    "heads summed over the wrong lanes": ("for (int o = 4; o < 32; o <<= 1) {  // over g",
+                                          "for (int o = 1; o < 8; o <<= 1) {  // over g"),
+    "query lo half dropped": (QUERY_LO, ""),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_DSA)
+def test_a_broken_dsa_score_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           broken: str) -> None:
+    good, bad = BROKEN_DSA[broken]
+    source = test_mla_kernel.step_source()
+    assert source.count(good) == 1
+    monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source.replace(good, bad))
+    spec = dsa_tiny()
+    _, _, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 100)
+    with pytest.raises(AssertionError, match="dsa.scores: max difference"):
+        for layer in range(spec.num_layers):
+            assert_scores_match(bufs, env, layer, 101)

@@ -17,7 +17,7 @@ from pathlib import Path
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.residency import MLA_KEYS, REDUCTION_FLOATS
+from tilertc.passes.residency import DSA_KEYS, MLA_KEYS, REDUCTION_FLOATS
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
@@ -113,8 +113,9 @@ def _check_mla(op) -> None:
 def _check_dsa(program: Program) -> None:
     """A DSA kernel's indexer and attention are compiled for one shape: every MLA attention
     reads an indexer's selection, every indexer has the same heads, scales and top-k, reads key
-    rows as whole 8-byte groups, and rotates the dims MLA rotates with MLA's RoPE parameters
-    (so that both read one RoPE table; only the pairing may differ)."""
+    rows as whole 16-byte pieces, and rotates the dims MLA rotates (whole 4-dim units, the
+    partners of each too) with MLA's RoPE parameters (so that both read one RoPE table; only
+    the pairing may differ)."""
     ops = program.graph.ops()
     scores = [op for op in ops if op.opcode == "dsa_score"]
     attn = [op for op in ops if op.opcode == "mla_attention"]
@@ -135,8 +136,11 @@ def _check_dsa(program: Program) -> None:
 
     for op in scores:
         a = op.attrs
-        if a["head_dim"] % 4:
-            missing.append(f"index key rows of {a['head_dim']} values (not whole 8-byte groups)")
+        if a["head_dim"] % 8:
+            missing.append(f"index key rows of {a['head_dim']} values (not whole 16-byte pieces)")
+        if a["rotary_dim"] % 8:
+            missing.append(f"{a['rotary_dim']} rotated index dims (not whole 4-dim units, "
+                           "partners' too)")
         if (a["rotary_dim"] != mla["qk_rope_head_dim"]
                 or no_interleave(a["rope"]) != no_interleave(mla["rope"])):
             missing.append("an indexer RoPE other than MLA's")
@@ -147,10 +151,12 @@ def _check_dsa(program: Program) -> None:
 
 def _dsa(program: Program) -> dict[str, object]:
     """The indexer's constants: its heads and key width, the scales of its score, the pairing
-    of its RoPE, the top-k, and the bits of a token id (select_top's tie rounds)."""
+    of its RoPE, the top-k, the key rows it stages at a time, and the bits of a token id
+    (select_top's tie rounds)."""
     a = next(op for op in program.graph.ops() if op.opcode == "dsa_score").attrs
     topk = next(op for op in program.graph.ops() if op.opcode == "dsa_topk").attrs["topk"]
     return {"DSA_HEADS": a["n_heads"], "DSA_DIM": a["head_dim"], "DSA_TOPK": topk,
+            "DSA_KEYS": DSA_KEYS,
             "DSA_SOFTMAX_SCALE": f"{float(a['softmax_scale'])!r}f",
             "DSA_HEAD_WEIGHT_SCALE": f"{float(a['head_weight_scale'])!r}f",
             "DSA_ROPE_INTERLEAVED": int(a["rope"]["interleaved"]),
