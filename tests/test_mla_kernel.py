@@ -411,6 +411,21 @@ def test_a_broken_mla_mma_fails_the_step(tmp_path: Path, monkeypatch: pytest.Mon
         assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent",))
 
 
+def test_short_rows_summed_over_half_their_lanes_fail_the_step(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The negative control of dot_short_row (FP8 q absorption rows, k = qk_nope_head_dim):
+    its last shuffle left out, so that a row's sum misses half its lanes' groups."""
+    good = "for (int o = SHORT_ROW_LANES / 2; o > 0; o >>= 1)"
+    source = step_source()
+    assert source.count(good) == 1
+    monkeypatch.setattr(sys.modules[__name__], "step_source",
+                        lambda: source.replace(good, good.replace("o > 0", "o > 1")))
+    spec = with_weight_dtype(mla_tiny(), "fp8")
+    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, small("h200-5", 5), 100)
+    with pytest.raises(AssertionError, match="q_latent: max difference"):
+        assert_step_matches(bufs, env, got_tok, spec.num_layers, ("q_latent",))
+
+
 # -- on a GPU ----------------------------------------------------------------------------------
 
 @pytest.mark.gpu

@@ -1367,6 +1367,27 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
   }
   return y;
 }
+
+// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (MLA's q absorption: k = 128 in
+// DeepSeek-V3, 192 in GLM-5) is all latency in dot_groups: a group or two a lane, then a warp
+// sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row
+// (lane l of the row: groups l, l + SHORT_ROW_LANES, ..., four loaded at a time, in two
+// sums), and sums over its row's lanes only; every lane gets its row's sum.
+constexpr int SHORT_ROW_LANES = 8, SHORT_ROWS_PER_WARP = 32 / SHORT_ROW_LANES;
+constexpr int SHORT_ROW_GROUPS = 8 * SHORT_ROW_LANES;  // 8 groups a lane at most: k <= 256
+__device__ __forceinline__ float dot_short_row(const Fp8Row& row, const float* x, int groups, int sl) {
+  const float4* x4 = reinterpret_cast<const float4*>(x);
+  float acc[2] = {0.f, 0.f};
+#pragma unroll 4
+  for (int u = 0; u < SHORT_ROW_GROUPS / SHORT_ROW_LANES; ++u) {
+    const int g = sl + u * SHORT_ROW_LANES;
+    if (g < groups) acc[u & 1] = Fp8Row::dot(row.load(g), x4[g], acc[u & 1]);
+  }
+  float y = acc[0] + acc[1];
+#pragma unroll
+  for (int o = SHORT_ROW_LANES / 2; o > 0; o >>= 1) y += __shfl_xor_sync(0xffffffffu, y, o);
+  return y;
+}
 #endif
 
 #if FP8_MMA
@@ -1541,9 +1562,24 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #else
   const bool whole_rows = fp8 && halves == 1;
 #endif
+  const bool short_rows = whole_rows && wpr == 1 && 2 * k8 <= SHORT_ROW_GROUPS;
 #endif
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
 #if WEIGHT_FP8
+    if (short_rows) {  // SHORT_ROWS_PER_WARP rows a warp at a time (dot_short_row)
+      const int sub = lane / SHORT_ROW_LANES, sl = lane % SHORT_ROW_LANES;
+      for (int rr = gw * SHORT_ROWS_PER_WARP; rr < n; rr += GROUP_WARPS * SHORT_ROWS_PER_WARP) {
+        const int i = min(rr + sub, n - 1);  // lanes past the page's last row repeat it, unstored
+#if MLA
+        const float* x = s.vec + head_input(t, r + i);
+#else
+        const float* x = s.vec;
+#endif
+        const float y = dot_short_row(Fp8Row::at(page + i * rb, 8 * k8, scale_shift), x, 2 * k8, sl);
+        if (sl == 0 && rr + sub < n) s.acc[r + i] = y;
+      }
+      return;
+    }
     const int per_warp = whole_rows && wpr == 1 && n > GROUP_WARPS ? 2 : 1;
 #else
     constexpr int per_warp = 1;
