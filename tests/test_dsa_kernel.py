@@ -18,10 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import test_mla_kernel
 import torch
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import assert_step_matches, build_step_harness, random_host_step, small
+from test_mla_kernel import (
+    assert_step_matches,
+    broken_host_step,
+    build_step_harness,
+    random_host_step,
+    small,
+)
 from test_moe_kernel import TOOL, columns
 
 import tilertc
@@ -276,12 +281,9 @@ BROKEN_DSA = {
 @pytest.mark.parametrize("broken", BROKEN_DSA)
 def test_a_broken_dsa_score_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            broken: str) -> None:
-    good, bad = BROKEN_DSA[broken]
-    source = test_mla_kernel.step_source()
-    assert source.count(good) == 1
-    monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source.replace(good, bad))
     spec = dsa_tiny()
-    _, _, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 100)
+    _, _, bufs, env, _ = broken_host_step(tmp_path, monkeypatch, *BROKEN_DSA[broken], spec,
+                                          "h200", 100)
     with pytest.raises(AssertionError, match="dsa.scores: max difference"):
         for layer in range(spec.num_layers):
             assert_scores_match(bufs, env, layer, 101)

@@ -383,6 +383,17 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
                            env[cache][:prefill].float()), "the prefilled rows changed"
 
 
+def broken_host_step(tmp: Path, monkeypatch: pytest.MonkeyPatch, good: str, bad: str,
+                     spec: ModelSpec, target: Any, prefill: int) -> tuple[
+        Program, int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
+    """`random_host_step` with decode.cuh's text `good` (which must occur once) replaced by
+    `bad` in what the harness compiles: the negative controls' step."""
+    source = step_source()
+    assert source.count(good) == 1
+    monkeypatch.setattr(sys.modules[__name__], "step_source", lambda: source.replace(good, bad))
+    return random_host_step(tmp, spec, target, prefill)
+
+
 # The negative controls of the step test: fragment mappings of mla_chunk's mma broken one at a
 # time (decode.cuh's text replaced in what the harness compiles), and the queries' bf16 lo half
 # left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
@@ -401,12 +412,9 @@ BROKEN_MMA = {
 @pytest.mark.parametrize("broken", BROKEN_MMA)
 def test_a_broken_mla_mma_fails_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                          broken: str) -> None:
-    good, bad = BROKEN_MMA[broken]
-    source = step_source()
-    assert source.count(good) == 1
-    monkeypatch.setattr(sys.modules[__name__], "step_source", lambda: source.replace(good, bad))
     spec = mla_tiny()
-    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, small("h200-5", 5), 200)
+    _, got_tok, bufs, env, _ = broken_host_step(tmp_path, monkeypatch, *BROKEN_MMA[broken], spec,
+                                                small("h200-5", 5), 200)
     with pytest.raises(AssertionError, match="o_latent: max difference"):
         assert_step_matches(bufs, env, got_tok, spec.num_layers, ("o_latent",))
 
@@ -416,12 +424,10 @@ def test_short_rows_summed_over_half_their_lanes_fail_the_step(
     """The negative control of dot_short_row (FP8 q absorption rows, k = qk_nope_head_dim):
     its last shuffle left out, so that a row's sum misses half its lanes' groups."""
     good = "for (int o = SHORT_ROW_LANES / 2; o > 0; o >>= 1)"
-    source = step_source()
-    assert source.count(good) == 1
-    monkeypatch.setattr(sys.modules[__name__], "step_source",
-                        lambda: source.replace(good, good.replace("o > 0", "o > 1")))
     spec = with_weight_dtype(mla_tiny(), "fp8")
-    program, got_tok, bufs, env, _ = random_host_step(tmp_path, spec, small("h200-5", 5), 100)
+    _, got_tok, bufs, env, _ = broken_host_step(tmp_path, monkeypatch, good,
+                                                good.replace("o > 0", "o > 1"), spec,
+                                                small("h200-5", 5), 100)
     with pytest.raises(AssertionError, match="q_latent: max difference"):
         assert_step_matches(bufs, env, got_tok, spec.num_layers, ("q_latent",))
 
