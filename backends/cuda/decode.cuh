@@ -1565,17 +1565,17 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
   const bool short_rows = whole_rows && wpr == 1 && 2 * k8 <= SHORT_ROW_GROUPS;
 #endif
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+#if MLA
+    const auto input = [&](int i) { return s.vec + head_input(t, r + i); };  // row i's x
+#else
+    const auto input = [&](int) { return s.vec; };
+#endif
 #if WEIGHT_FP8
     if (short_rows) {  // SHORT_ROWS_PER_WARP rows a warp at a time (dot_short_row)
       const int sub = lane / SHORT_ROW_LANES, sl = lane % SHORT_ROW_LANES;
       for (int rr = gw * SHORT_ROWS_PER_WARP; rr < n; rr += GROUP_WARPS * SHORT_ROWS_PER_WARP) {
         const int i = min(rr + sub, n - 1);  // lanes past the page's last row repeat it, unstored
-#if MLA
-        const float* x = s.vec + head_input(t, r + i);
-#else
-        const float* x = s.vec;
-#endif
-        const float y = dot_short_row(Fp8Row::at(page + i * rb, 8 * k8, scale_shift), x, 2 * k8, sl);
+        const float y = dot_short_row(Fp8Row::at(page + i * rb, 8 * k8, scale_shift), input(i), 2 * k8, sl);
         if (sl == 0 && rr + sub < n) s.acc[r + i] = y;
       }
       return;
@@ -1591,11 +1591,6 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
           else atomicAdd(&s.acc[(r + i) * halves + h], y);
         }
       };
-#if MLA
-      const auto input = [&](int i) { return s.vec + head_input(t, r + i); };
-#else
-      const auto input = [&](int) { return s.vec; };
-#endif
 #if WEIGHT_FP8
       // An FP8 gate/up row: both halves in one pass over x, the up half halfway (both halves have
       // the same padded size); or two whole FP8 rows that read the same x. bf16 rows keep one pass
