@@ -3,6 +3,8 @@
 // (~32 KB/us on an H200), and which way of multiplying makes it.
 //
 //   V0   today's CUDA-core path (decode.cuh: dot_groups of Fp8Row; warps per row as matvec_pages)
+//   V1   V0 with the e4m3 -> f16x2 conversion done by integer bit operations (value x 2^-8)
+//   V4   V0 with each e4m3 byte moved into fp32 bits by integer operations (value x 2^-120)
 //   V2   mma.sync m16n8k32 e4m3 (weights as B, x as A): on sm_90a ptxas lowers it to e4m3 -> f16
 //        conversions and HMMA.16816, so it pays the same conversions as V0
 //   V3   wgmma m64n8k32 e4m3 (QGMMA: the weights are never converted): A = 64 weight rows x 1024
@@ -34,27 +36,46 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // ---- V0: today's path -------------------------------------------------------------------
-struct Fp8Row {
+template <int CONV>
+struct Fp8RowT {
   struct Group { uint32_t q; float scale; };
   const uint32_t* w; const float* scale;
   __device__ Group load(int i) const { return {w[i], scale[i >> 5]}; }
   __device__ static float dot(const Group g, const float4 a, float acc) {
-    const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(g.q & 0xffffu), __NV_E4M3)));
-    const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(g.q >> 16), __NV_E4M3)));
-    float d = w0.x * a.x; d = fmaf(w0.y, a.y, d); d = fmaf(w1.x, a.z, d); d = fmaf(w1.y, a.w, d);
-    return fmaf(d, g.scale, acc);
+    if (CONV == 0) {
+      const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(g.q & 0xffffu), __NV_E4M3)));
+      const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(g.q >> 16), __NV_E4M3)));
+      float d = w0.x * a.x; d = fmaf(w0.y, a.y, d); d = fmaf(w1.x, a.z, d); d = fmaf(w1.y, a.w, d);
+      return fmaf(d, g.scale, acc);
+    } else if (CONV == 1) {  // bytes 0, 2 and 1, 3 as f16x2 of value e4m3 * 2^-8
+      const uint32_t w = g.q, v = w << 8;
+      const uint32_t h02 = (v & 0x80008000u) | ((v >> 1) & 0x3f803f80u);
+      const uint32_t h13 = (w & 0x80008000u) | ((w >> 1) & 0x3f803f80u);
+      const float2 w02 = __half22float2(*reinterpret_cast<const __half2*>(&h02));
+      const float2 w13 = __half22float2(*reinterpret_cast<const __half2*>(&h13));
+      float d = w02.x * a.x; d = fmaf(w13.x, a.y, d); d = fmaf(w02.y, a.z, d); d = fmaf(w13.y, a.w, d);
+      return fmaf(d, g.scale * 256.f, acc);
+    } else {  // each byte as f32 bits of value e4m3 * 2^-120 (subnormals as fp32 denormals)
+      const uint32_t w = g.q;
+      const float f0 = __uint_as_float(((w << 24) & 0x80000000u) | ((w << 20) & 0x07f00000u));
+      const float f1 = __uint_as_float(((w << 16) & 0x80000000u) | ((w << 12) & 0x07f00000u));
+      const float f2 = __uint_as_float(((w << 8) & 0x80000000u) | ((w << 4) & 0x07f00000u));
+      const float f3 = __uint_as_float((w & 0x80000000u) | ((w >> 4) & 0x07f00000u));
+      float d = f0 * a.x; d = fmaf(f1, a.y, d); d = fmaf(f2, a.z, d); d = fmaf(f3, a.w, d);
+      return fmaf(d, g.scale * 1.329227995784916e36f, acc);  // 2^120
+    }
   }
 };
-template <int N>
+template <class Fp8Row, int N>
 __device__ __forceinline__ void dot_groups(const Fp8Row (&row)[N], const float* x, int begin, int end, int lane, float (&y)[N]) {
   const float4* x4 = reinterpret_cast<const float4*>(x);
   float acc[4 * N] = {};
   int i = 2 * begin + lane;
   const int stop = 2 * end;
   for (; i + 96 < stop; i += 128) {
-    Fp8Row::Group q[N][4]; float4 a[4];
+    typename Fp8Row::Group q[N][4]; float4 a[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
 #pragma unroll
@@ -74,10 +95,12 @@ __device__ __forceinline__ void dot_groups(const Fp8Row (&row)[N], const float* 
 
 __device__ int warps_per_row(int n) { int w = 1; while (w * 2 * n <= WARPS) w *= 2; return w; }
 
+template <int CONV>
 __device__ void page_v0(const uint8_t* page, int n, int rb, int k, int halves, const float* x, float* acc) {
   const int ct = threadIdx.x, lane = ct & 31, gw = ct >> 5, k8 = k / 8;
   const int wpr = warps_per_row(n), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
+  using Fp8Row = Fp8RowT<CONV>;
   const int hb = rb / halves;
   for (int rr = gw / wpr; rr < n; rr += WARPS / wpr) {
     if (halves == 2) {
@@ -197,7 +220,7 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
   // staging timed (once per task)
   long long c0 = clock64(), t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  if (V == 0) stage_fp32(gx, k, reinterpret_cast<float*>(xbuf));
+  if (V != 2) stage_fp32(gx, k, reinterpret_cast<float*>(xbuf));
   else stage_digits<4>(gx, k, xbuf, pstride, xs);
   __syncthreads();
   long long c1 = clock64(), t1;
@@ -205,7 +228,9 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
   for (int r = 0; r < REPS; ++r) {
     if (threadIdx.x < 16) acc[threadIdx.x] = 0.f;
     __syncthreads();
-    if (V == 0) page_v0(page, n, rb, k, halves, reinterpret_cast<float*>(xbuf), acc);
+    if (V == 0) page_v0<0>(page, n, rb, k, halves, reinterpret_cast<float*>(xbuf), acc);
+    else if (V == 1) page_v0<1>(page, n, rb, k, halves, reinterpret_cast<float*>(xbuf), acc);
+    else if (V == 4) page_v0<2>(page, n, rb, k, halves, reinterpret_cast<float*>(xbuf), acc);
     else page_v2<4>(page, n, rb, k, halves, xbuf, pstride, xs, acc);
     __syncthreads();
   }
@@ -533,9 +558,9 @@ int main() {
     CK(cudaMemcpy(dx, x.data(), k * 4, cudaMemcpyHostToDevice));
     const int pstride = (k + 127) / 128 * 128 + 64;
     const size_t smem0 = PAGE + 64 + (k / 128) * 32 + k * 4, smem2 = PAGE + 64 + (k / 128) * 32 + 4 * pstride;
-    for (int v : {0, 2}) {
-      auto kern = v == 0 ? bench<0> : bench<2>;
-      const size_t sm = v == 0 ? smem0 : smem2;
+    for (int v : {0, 1, 4, 2}) {
+      auto kern = v == 0 ? bench<0> : v == 1 ? bench<1> : v == 4 ? bench<4> : bench<2>;
+      const size_t sm = v != 2 ? smem0 : smem2;
       CK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
       for (int w = 0; w < 2; ++w) kern<<<sms, NT, sm>>>(dpage, dx, n, rb, k, sh.halves, dout, dres, pstride);
       CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
