@@ -13,6 +13,10 @@
 //        is nibble t of M with x's sign, a byte whose e4m3 value is n 2^-9 (0..15 are exact), so
 //        x = sum_t value_t 2^(E + 5 - 4t); D's columns are the terms
 //   V3n  the same page with m64n16k32 and m64n32k32 (timing only: room for k segments as columns)
+//   V5   the tile the kernel would run: 8 weight rows x 8 k segments as the 64 M-rows, D's 32
+//        columns (segment, term); units of C columns of every segment with the tile's block
+//        scales; x staged from global memory into the digits' core matrices; the row sums of a
+//        whole tile (every unit) against float64
 //
 // Each variant checks its row sums against float64 on the host. Build and run (on an H200):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fp8_page_bench tools/fp8_page_bench.cu
@@ -520,6 +524,169 @@ static void run_v3n(int sms) {
   cudaFree(dpage); cudaFree(dout); cudaFree(dres);
 }
 
+// ---- V5: a whole tile as the kernel would run it: 8 rows x S = 8 k segments as the 64 M-rows,
+// D's 32 columns = (segment j, term t) at n = 4 j + t (m64n32k32); units of C columns of every
+// segment (values, then the 8 x C/128 block scales of the tile's rows); x staged straight from
+// global memory into the digits' core matrices (512 B per 16 columns of a segment: column n at
+// n * 16), loads first. Checks the 8 row sums against float64.
+constexpr int S8 = 8, MAXC = 3;  // segments; chunks of 16 columns a thread stages at most
+__device__ __forceinline__ void stage_tile_digits(const float* xg, int k, uint8_t* xb, float* xs) {
+  const int ct = threadIdx.x, lane = ct & 31, kseg = k / S8, cps = kseg / 16;  // chunks per segment
+  float4 v[MAXC][4];
+#pragma unroll
+  for (int i = 0; i < MAXC; ++i) {
+    const int c = ct + i * NT;
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+      v[i][u] = c < k / 16 ? __ldcg(reinterpret_cast<const float4*>(xg) + 4 * c + u) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < MAXC; ++i) {
+    const int c = ct + i * NT;
+    if (i * NT >= k / 16) break;  // uniform: whole warps stage or not (k / 16 is a multiple of 32)
+    const float* e = reinterpret_cast<const float*>(v[i]);
+    float m = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) m = fmaxf(m, fabsf(e[j]));
+    for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (c >= k / 16) continue;
+    const int E = max(((__float_as_int(m) >> 23) & 0xff) - 126, -100);
+    const float up = __int_as_float((127 + 16 - E) << 23);
+    uint32_t words[4][4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      uint32_t M[4], sgn = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const float x = e[4 * w + b];
+        M[b] = min(__float_as_uint(fabsf(x) * up + 8388608.f) & 0x7fffffu, 0xffffu);
+        sgn |= (__float_as_uint(x) >> 31) << (8 * b + 7);
+      }
+      const uint32_t p01 = M[0] | (M[1] << 16), p23 = M[2] | (M[3] << 16);
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int sh = 12 - 4 * t;
+        words[t][w] = __byte_perm((p01 >> sh) & 0x000f000fu, (p23 >> sh) & 0x000f000fu, 0x6420) | sgn;
+      }
+    }
+    const int j = c / cps, kc = c % cps;
+#pragma unroll
+    for (int t0 = 0; t0 < 4; ++t0) {
+      const int t = (t0 + lane) & 3;
+      uint4 wv = make_uint4(words[0][0], words[0][1], words[0][2], words[0][3]);
+#pragma unroll
+      for (int q = 1; q < 4; ++q) if (t == q) wv = make_uint4(words[q][0], words[q][1], words[q][2], words[q][3]);
+      *reinterpret_cast<uint4*>(xb + kc * 512 + (4 * j + t) * 16) = wv;
+    }
+    if ((lane & 7) < 4) xs[(c >> 3) * 4 + (lane & 7)] = __int_as_float((127 + E + 5 - 4 * (lane & 7)) << 23);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// one unit (64 M-rows x C columns at local column p*C of every segment): warpgroup wg takes
+// blocks wg, wg + 4, ...; y: this thread's (row g, segment 2w + q/2, terms 2(q&1), +1) sum
+__device__ __forceinline__ void unit_v5(const uint8_t* unit, int C, int p, int kseg, const uint8_t* xb, const float* xs,
+                                        float& y) {
+  const int ct = threadIdx.x, wg = ct >> 7, w = (ct >> 5) & 3, lane = ct & 31, q = lane & 3;
+  const float* ws = reinterpret_cast<const float*>(unit + 64 * C);
+  const int j = 2 * w + (q >> 1), t0 = 2 * (q & 1), bpu = C / 128, bps = kseg / 128;
+  for (int b = wg; b < bpu; b += 4) {
+    float d[16];
+    wg_fence();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int s = 4 * b + u, sg = p * (C / 32) + s;  // unit-local and segment-local k32 step
+      Wg<32>::mma(d, smem_desc(unit + s * 2048, 1024, 128), smem_desc(xb + sg * 1024, 512, 128), u);
+    }
+    wg_commit();
+    wg_wait<0>();
+    float d0, d1;  // D[row g (+8)][4j + t0], [4j + t0 + 1]: registers 4w (+2), 4w + 1 (+2)
+    switch (w) {
+      case 0: d0 = q < 2 ? d[0] : d[2]; d1 = q < 2 ? d[1] : d[3]; break;
+      case 1: d0 = q < 2 ? d[4] : d[6]; d1 = q < 2 ? d[5] : d[7]; break;
+      case 2: d0 = q < 2 ? d[8] : d[10]; d1 = q < 2 ? d[9] : d[11]; break;
+      default: d0 = q < 2 ? d[12] : d[14]; d1 = q < 2 ? d[13] : d[15]; break;
+    }
+    const int blk = j * bps + p * bpu + b;  // the digit factors' block
+    y = fmaf(ws[j * bpu + b], fmaf(d0, xs[blk * 4 + t0], d1 * xs[blk * 4 + t0 + 1]), y);
+  }
+}
+
+__global__ void __launch_bounds__(NT, 1) bench5(const uint8_t* gunit, int C, const float* gx, int k, float* out,
+                                                Result* res) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int U = 64 * C + 4 * S8 * (C / 128), kseg = k / S8, P = kseg / C;
+  uint8_t* unit = smem;
+  float* acc = reinterpret_cast<float*>(smem + (U + 15) / 16 * 16);  // 8
+  float* xs = acc + 8;                                               // k / 128 * 4
+  uint8_t* xb = reinterpret_cast<uint8_t*>(xs + k / 128 * 4);        // 4 k bytes
+  for (int i = threadIdx.x; i < U / 16; i += NT) reinterpret_cast<uint4*>(unit)[i] = reinterpret_cast<const uint4*>(gunit)[i];
+  if (threadIdx.x < 8) acc[threadIdx.x] = 0.f;
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  long long c0 = clock64(), t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  stage_tile_digits(gx, k, xb, xs);
+  __syncthreads();
+  long long c1 = clock64(), t1;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  float y = 0.f;
+  for (int r = 0; r < REPS; ++r) {
+    for (int p = 0; p < P; ++p) {  // the tile's units (the same bytes each: the reference repeats them)
+      unit_v5(unit, C, p, kseg, xb, xs, y);
+      __syncthreads();
+    }
+  }
+  long long c2 = clock64(), t2;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+  y += __shfl_xor_sync(0xffffffffu, y, 1);
+  if ((threadIdx.x & 1) == 0) atomicAdd(acc + ((threadIdx.x & 31) >> 2), y);
+  __syncthreads();
+  if (threadIdx.x < 8 && blockIdx.x == 0) out[threadIdx.x] = acc[threadIdx.x] / REPS;
+  if (threadIdx.x == 0) { res[blockIdx.x * 2] = {c1 - c0, t1 - t0}; res[blockIdx.x * 2 + 1] = {c2 - c1, (t2 - t1) / P}; }
+}
+
+static void run_v5(int sms, std::mt19937& rng, int k, int C) {
+  const int kseg = k / S8, P = kseg / C, U = 64 * C + 4 * S8 * (C / 128);
+  std::vector<uint8_t> w(64 * C), unit(U);  // w[(j * 8 + r) * C + c]
+  for (auto& b : w) { do b = rng() & 0xff; while ((b & 0x7f) == 0x7f); }
+  for (int m = 0; m < 64; ++m)
+    for (int c = 0; c < C; ++c) unit[(c / 32) * 2048 + ((c % 32) / 16) * 1024 + (m / 8) * 128 + (m % 8) * 16 + c % 16] = w[m * C + c];
+  std::vector<float> ws(S8 * (C / 128));
+  for (float& v : ws) v = ldexpf(1.f, -(int)(rng() % 6) - 6);
+  memcpy(unit.data() + 64 * C, ws.data(), ws.size() * 4);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(k);
+  for (float& v : x) v = nd(rng) * ((rng() % 64) == 0 ? 30.f : 1.f);
+  double ref[8], mag = 0;
+  for (int r = 0; r < 8; ++r) {
+    double s = 0;
+    for (int j = 0; j < S8; ++j)
+      for (int p = 0; p < P; ++p)
+        for (int c = 0; c < C; ++c)
+          s += (double)e4m3_value(w[(j * 8 + r) * C + c]) * ws[j * (C / 128) + c / 128] * x[j * kseg + p * C + c];
+    ref[r] = s; mag = std::max(mag, fabs(s));
+  }
+  uint8_t* du; float *dx, *dout; Result* dres;
+  CK(cudaMalloc(&du, U)); CK(cudaMalloc(&dx, k * 4)); CK(cudaMalloc(&dout, 64)); CK(cudaMalloc(&dres, sms * 2 * sizeof(Result)));
+  CK(cudaMemcpy(du, unit.data(), U, cudaMemcpyHostToDevice)); CK(cudaMemcpy(dx, x.data(), k * 4, cudaMemcpyHostToDevice));
+  const size_t sm = (U + 15) / 16 * 16 + 32 + (k / 128) * 16 + 4 * k;
+  CK(cudaFuncSetAttribute(bench5, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm));
+  for (int i = 0; i < 2; ++i) bench5<<<sms, NT, sm>>>(du, C, dx, k, dout, dres);
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  std::vector<Result> res(sms * 2); float out[8];
+  CK(cudaMemcpy(res.data(), dres, res.size() * sizeof(Result), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(out, dout, 32, cudaMemcpyDeviceToHost));
+  std::vector<long long> stn, pgn;
+  for (int b = 0; b < sms; ++b) { stn.push_back(res[2 * b].ns); pgn.push_back(res[2 * b + 1].ns); }
+  std::sort(stn.begin(), stn.end()); std::sort(pgn.begin(), pgn.end());
+  double err = 0; for (int i = 0; i < 8; ++i) err = std::max(err, fabs(out[i] - ref[i]));
+  const double unit_ns = (double)pgn[sms / 2] / REPS;
+  printf("tile 8 rows x 8 segments, k %5d, units of C %4d (%5d B) x %d | stage %6.0f ns | unit %5.0f ns (%.1f KB/us) | max err %.2e of max|y| %.2e\n",
+         k, C, U, P, (double)stn[sms / 2], unit_ns, U / unit_ns * 1000 / 1024, err / mag, mag);
+  cudaFree(du); cudaFree(dx); cudaFree(dout); cudaFree(dres);
+}
+
 int main() {
   struct Shape { const char* name; int k, halves; };
   const Shape shapes[] = {{"ds-down k18432", 18432, 1}, {"ds-oproj k16384", 16384, 1}, {"ds-gateup k7168 pair", 7168, 2},
@@ -530,6 +697,10 @@ int main() {
   for (int kx : {1024, 7168, 18432}) run_v3(sms, rng, kx);
   run_v3n<16>(sms);
   run_v3n<32>(sms);
+  run_v5(sms, rng, 7168, 896);
+  run_v5(sms, rng, 18432, 768);
+  run_v5(sms, rng, 16384, 1024);
+  run_v5(sms, rng, 4096, 512);
   for (const Shape& sh : shapes) {
     const int k = sh.k, half = (k + 4 * (k / 128) + 15) / 16 * 16, rb = half * sh.halves;
     int n = PAGE / rb;
