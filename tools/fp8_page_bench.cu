@@ -2,7 +2,8 @@
 // in shared memory (no HBM): the question is whether compute keeps up with the SM's share of HBM
 // (~32 KB/us on an H200), and which way of multiplying makes it.
 //
-//   V0   today's CUDA-core path (decode.cuh: dot_groups of Fp8Row; warps per row as matvec_pages)
+//   V0   today's CUDA-core path (a copy of decode.cuh's dot_groups of Fp8Row, so that this file
+//        builds alone; warps per row as matvec_pages)
 //   V1   V0 with the e4m3 -> f16x2 conversion done by integer bit operations (value x 2^-8)
 //   V4   V0 with each e4m3 byte moved into fp32 bits by integer operations (value x 2^-120)
 //   V2   mma.sync m16n8k32 e4m3 (weights as B, x as A): on sm_90a ptxas lowers it to e4m3 -> f16
@@ -255,6 +256,19 @@ static float e4m3_value(uint8_t b) {
 
 #define CK(x) do { cudaError_t err = (x); if (err != cudaSuccess) { printf("CUDA %s at %d\n", cudaGetErrorString(err), __LINE__); exit(1);} } while (0)
 
+// The median over the CTAs of each of a run's `per_cta` timed spans (stage, then pages).
+struct Medians { long long cycles[2], ns[2]; };
+static Medians medians(const std::vector<Result>& res, int sms, int per_cta) {
+  Medians m{};
+  for (int i = 0; i < per_cta; ++i) {
+    std::vector<long long> c, n;
+    for (int b = 0; b < sms; ++b) { c.push_back(res[per_cta * b + i].cycles); n.push_back(res[per_cta * b + i].ns); }
+    std::sort(c.begin(), c.end()); std::sort(n.begin(), n.end());
+    m.cycles[i] = c[sms / 2]; m.ns[i] = n[sms / 2];
+  }
+  return m;
+}
+
 
 // ---- V3: wgmma m64n8k32 e4m3 (QGMMA), A = 64 weight rows x 1024 k in the page (no swizzle,
 // K-major core matrices: k32 step s at s*2048, its two 16-byte k chunks 1024 apart (LBO), 8-row
@@ -432,13 +446,11 @@ static void run_v3(int sms, std::mt19937& rng, int kx) {
   std::vector<Result> res(sms * 2); float out[64];
   CK(cudaMemcpy(res.data(), dres, res.size() * sizeof(Result), cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(out, dout, 256, cudaMemcpyDeviceToHost));
-  std::vector<long long> st, pg, stn, pgn;
-  for (int b = 0; b < sms; ++b) { st.push_back(res[2 * b].cycles); pg.push_back(res[2 * b + 1].cycles); stn.push_back(res[2 * b].ns); pgn.push_back(res[2 * b + 1].ns); }
-  std::sort(st.begin(), st.end()); std::sort(pg.begin(), pg.end()); std::sort(stn.begin(), stn.end()); std::sort(pgn.begin(), pgn.end());
+  const Medians md = medians(res, sms, 2);
   double err = 0; for (int i = 0; i < 64; ++i) { out[i] /= REPS; err = std::max(err, fabs(out[i] - ref[i])); }
-  const double page_ns = (double)pgn[sms / 2] / REPS;
+  const double page_ns = (double)md.ns[1] / REPS;
   printf("wgmma 64x1024 (x staged: k %5d)  V3 | stage %6lld cyc %6.0f ns | page %6lld cyc %6.0f ns (%.1f KB/us at 1 SM) | max err %.2e of max|y| %.2e (y0 %.4f ref %.4f)\n",
-         kx, st[sms / 2], (double)stn[sms / 2], pg[sms / 2] / REPS, page_ns, 65536.0 / page_ns * 1000 / 1024, err / mag, mag, out[0], ref[0]);
+         kx, md.cycles[0], (double)md.ns[0], md.cycles[1] / REPS, page_ns, 65536.0 / page_ns * 1000 / 1024, err / mag, mag, out[0], ref[0]);
   cudaFree(dpage); cudaFree(dws); cudaFree(dx); cudaFree(dout); cudaFree(dres);
 }
 
@@ -517,10 +529,8 @@ static void run_v3n(int sms) {
   CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
   std::vector<Result> res(sms);
   CK(cudaMemcpy(res.data(), dres, res.size() * sizeof(Result), cudaMemcpyDeviceToHost));
-  std::vector<long long> pg, pgn;
-  for (auto& r : res) { pg.push_back(r.cycles); pgn.push_back(r.ns); }
-  std::sort(pg.begin(), pg.end()); std::sort(pgn.begin(), pgn.end());
-  printf("wgmma m64n%dk32 64x1024 page: %6lld cyc %6.0f ns\n", N, pg[sms / 2] / REPS, (double)pgn[sms / 2] / REPS);
+  const Medians md = medians(res, sms, 1);
+  printf("wgmma m64n%dk32 64x1024 page: %6lld cyc %6.0f ns\n", N, md.cycles[0] / REPS, (double)md.ns[0] / REPS);
   cudaFree(dpage); cudaFree(dout); cudaFree(dres);
 }
 
@@ -677,13 +687,11 @@ static void run_v5(int sms, std::mt19937& rng, int k, int C) {
   std::vector<Result> res(sms * 2); float out[8];
   CK(cudaMemcpy(res.data(), dres, res.size() * sizeof(Result), cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(out, dout, 32, cudaMemcpyDeviceToHost));
-  std::vector<long long> stn, pgn;
-  for (int b = 0; b < sms; ++b) { stn.push_back(res[2 * b].ns); pgn.push_back(res[2 * b + 1].ns); }
-  std::sort(stn.begin(), stn.end()); std::sort(pgn.begin(), pgn.end());
+  const Medians md = medians(res, sms, 2);
   double err = 0; for (int i = 0; i < 8; ++i) err = std::max(err, fabs(out[i] - ref[i]));
-  const double unit_ns = (double)pgn[sms / 2] / REPS;
+  const double unit_ns = (double)md.ns[1] / REPS;
   printf("tile 8 rows x 8 segments, k %5d, units of C %4d (%5d B) x %d | stage %6.0f ns | unit %5.0f ns (%.1f KB/us) | max err %.2e of max|y| %.2e\n",
-         k, C, U, P, (double)stn[sms / 2], unit_ns, U / unit_ns * 1000 / 1024, err / mag, mag);
+         k, C, U, P, (double)md.ns[0], unit_ns, U / unit_ns * 1000 / 1024, err / mag, mag);
   cudaFree(du); cudaFree(dx); cudaFree(dout); cudaFree(dres);
 }
 
@@ -738,13 +746,11 @@ int main() {
       std::vector<Result> res(sms * 2); float out[16];
       CK(cudaMemcpy(res.data(), dres, res.size() * sizeof(Result), cudaMemcpyDeviceToHost));
       CK(cudaMemcpy(out, dout, 64, cudaMemcpyDeviceToHost));
-      std::vector<long long> st, pg, stn, pgn;
-      for (int b = 0; b < sms; ++b) { st.push_back(res[2 * b].cycles); pg.push_back(res[2 * b + 1].cycles); stn.push_back(res[2 * b].ns); pgn.push_back(res[2 * b + 1].ns); }
-      std::sort(st.begin(), st.end()); std::sort(pg.begin(), pg.end()); std::sort(stn.begin(), stn.end()); std::sort(pgn.begin(), pgn.end());
+      const Medians md = medians(res, sms, 2);
       double err = 0; for (int i = 0; i < n * sh.halves; ++i) err = std::max(err, fabs(out[i] - ref[i]));
-      const double page_ns = (double)pgn[sms / 2] / REPS, bytes = (double)n * rb;
+      const double page_ns = (double)md.ns[1] / REPS, bytes = (double)n * rb;
       printf("%-22s V%d rows %d rb %6d | stage %6lld cyc %6.0f ns | page %6lld cyc %6.0f ns (%.1f KB/us at 1 SM; ceiling ~32) | max err %.2e of max|y| %.2e\n",
-             sh.name, v, n, rb, st[sms / 2], (double)stn[sms / 2], pg[sms / 2] / REPS, page_ns, bytes / page_ns * 1000 / 1024,
+             sh.name, v, n, rb, md.cycles[0], (double)md.ns[0], md.cycles[1] / REPS, page_ns, bytes / page_ns * 1000 / 1024,
              err / mag, mag);
     }
     cudaFree(dpage); cudaFree(dx); cudaFree(dout); cudaFree(dres);
