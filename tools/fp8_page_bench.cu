@@ -174,34 +174,43 @@ __device__ void page_v2(const uint8_t* page, int n, int rb, int k, int halves, c
   }
 }
 
+// x as e4m3 digits (V2, V3, V5): a block with max|x| < 2^E scales to M = rint(|x| 2^(16 - E))
+// < 2^16; digit t is nibble t of M (most significant first) with x's sign, a byte whose e4m3 value
+// is n 2^-9, so that x = sum_t value_t digit_factor(E, t).
+__device__ __forceinline__ int block_exponent(float amax) {  // max < 2^E; zero block: any E
+  return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
+}
+__device__ __forceinline__ float digit_factor(int E, int t) { return __int_as_float((127 + E + 5 - 4 * t) << 23); }
+// the 4 digit words (digit t of 4 consecutive columns, one byte each) of columns x[0..3]
+__device__ __forceinline__ void digit_words(const float* x, int E, uint32_t (&words)[4]) {
+  const float up = __int_as_float((127 + 16 - E) << 23);
+  uint32_t M[4], sgn = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    M[e] = min(__float_as_uint(fabsf(x[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
+    sgn |= (__float_as_uint(x[e]) >> 31) << (8 * e + 7);
+  }
+  const uint32_t p01 = M[0] | (M[1] << 16), p23 = M[2] | (M[3] << 16);
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const int sh = 12 - 4 * t;
+    words[t] = __byte_perm((p01 >> sh) & 0x000f000fu, (p23 >> sh) & 0x000f000fu, 0x6420) | sgn;
+  }
+}
+
 // x (global fp32) -> T digit planes + per-block factors, a warp per 128-column block.
-template <int T>
 __device__ void stage_digits(const float* xg, int k, uint8_t* planes, int pstride, float* xs) {
   const int ct = threadIdx.x, lane = ct & 31, warp = ct >> 5;
   for (int blk = warp; blk < k / 128; blk += WARPS) {
     const float4 v = __ldcg(reinterpret_cast<const float4*>(xg) + blk * 32 + lane);
     float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    // E: max < 2^E (exponent of m plus one); zero block: any E
-    const int E = max(((__float_as_int(m) >> 23) & 0xff) - 126, -100);
-    const float up = __int_as_float((127 + 4 * T - E) << 23);
-    const float vv[4] = {v.x, v.y, v.z, v.w};
-    uint32_t M[4], sgn = 0;
+    const int E = block_exponent(m);
+    uint32_t words[4];
+    digit_words(reinterpret_cast<const float*>(&v), E, words);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint32_t bits = __float_as_uint(fabsf(vv[e]) * up + 8388608.f) & 0x7fffffu;
-      M[e] = min(bits, (1u << (4 * T)) - 1);
-      sgn |= (__float_as_uint(vv[e]) >> 31) << (8 * e + 7);
-    }
-    const uint32_t p01 = M[0] | (M[1] << 16), p23 = M[2] | (M[3] << 16);  // T <= 4: 16 bits each
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-      const int sh = 4 * (T - 1 - t);
-      const uint32_t a = (p01 >> sh) & 0x000f000fu, b = (p23 >> sh) & 0x000f000fu;
-      const uint32_t word = __byte_perm(a, b, 0x6420) | sgn;
-      *reinterpret_cast<uint32_t*>(planes + t * pstride + blk * 128 + 4 * lane) = word;
-    }
-    if (lane < T) xs[blk * 8 + lane] = __int_as_float((127 + E + 5 - 4 * lane) << 23);
+    for (int t = 0; t < 4; ++t) *reinterpret_cast<uint32_t*>(planes + t * pstride + blk * 128 + 4 * lane) = words[t];
+    if (lane < 4) xs[blk * 8 + lane] = digit_factor(E, lane);
   }
 }
 
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
   long long c0 = clock64(), t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   if (V != 2) stage_fp32(gx, k, reinterpret_cast<float*>(xbuf));
-  else stage_digits<4>(gx, k, xbuf, pstride, xs);
+  else stage_digits(gx, k, xbuf, pstride, xs);
   __syncthreads();
   long long c1 = clock64(), t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -247,6 +256,25 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
     if (blockIdx.x == 0) for (int i = 0; i < 16; ++i) out[i] = acc[i];
   }
 }
+
+// A random e4m3 byte (never NaN: 0x7f / 0xff).
+static uint8_t random_e4m3(std::mt19937& rng) {
+  uint8_t b;
+  do b = rng() & 0xff; while ((b & 0x7f) == 0x7f);
+  return b;
+}
+// A random block scale: 2^-6 .. 2^-11.
+static float random_scale(std::mt19937& rng) { return ldexpf(1.f, -(int)(rng() % 6) - 6); }
+// x: normal, one column in 64 thirty times larger (activation outliers).
+static std::vector<float> random_x(std::mt19937& rng, int k) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> x(k);
+  for (float& v : x) v = nd(rng) * ((rng() % 64) == 0 ? 30.f : 1.f);
+  return x;
+}
+// Byte offset of (M-row m, column c) in a wgmma A operand of 64 rows: K-major core matrices
+// without swizzle, k32 step c / 32 at 2048, its 16-byte chunks 1024 apart, 8-row groups 128.
+static int core_offset(int m, int c) { return (c / 32) * 2048 + ((c % 32) / 16) * 1024 + (m / 8) * 128 + (m % 8) * 16 + c % 16; }
 
 static float e4m3_value(uint8_t b) {
   const int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
@@ -324,9 +352,8 @@ __device__ __forceinline__ void page_v3(const uint8_t* page, const uint8_t* xb, 
 }
 
 // x (global fp32, k) -> digit core matrices: a lane takes 16 consecutive columns (one chunk),
-// 8 lanes a 128-column block; terms T..7 are zero; stores rotate the term by lane so that a
+// 8 lanes a 128-column block; terms 4..7 are zero; stores rotate the term by lane so that a
 // phase's 8 lanes hit 8 distinct 16-byte bank groups.
-template <int T>
 __device__ void stage_core(const float* xg, int k, uint8_t* xb, float* xs) {
   const int ct = threadIdx.x, lane = ct & 31;
   for (int c = ct; c < k / 16; c += NT) {
@@ -340,33 +367,13 @@ __device__ void stage_core(const float* xg, int k, uint8_t* xb, float* xs) {
 #pragma unroll
     for (int e = 0; e < 16; ++e) m = fmaxf(m, fabsf(v[e]));
     for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const int E = max(((__float_as_int(m) >> 23) & 0xff) - 126, -100);
-    const float up = __int_as_float((127 + 4 * T - E) << 23);
-    uint32_t p[8], sgn[4];
+    const int E = block_exponent(m);
+    uint32_t wd[4][4];  // wd[w][t]: digit t of columns 4w..4w+3
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t M[4];
-      sgn[w] = 0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float x = v[4 * w + e];
-        M[e] = min(__float_as_uint(fabsf(x) * up + 8388608.f) & 0x7fffffu, (1u << (4 * T)) - 1);
-        sgn[w] |= (__float_as_uint(x) >> 31) << (8 * e + 7);
-      }
-      p[2 * w] = M[0] | (M[1] << 16);
-      p[2 * w + 1] = M[2] | (M[3] << 16);
-    }
+    for (int w = 0; w < 4; ++w) digit_words(v + 4 * w, E, wd[w]);
     uint4 words[8];
 #pragma unroll
-    for (int t = 0; t < 8; ++t) {
-      uint32_t wd[4];
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int sh = 4 * (T - 1 - t);
-        wd[w] = t < T ? (__byte_perm((p[2 * w] >> sh) & 0x000f000fu, (p[2 * w + 1] >> sh) & 0x000f000fu, 0x6420) | sgn[w]) : 0u;
-      }
-      words[t] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-    }
+    for (int t = 0; t < 8; ++t) words[t] = t < 4 ? make_uint4(wd[0][t], wd[1][t], wd[2][t], wd[3][t]) : make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int t = 0; t < 8; ++t) {
       const int tt = (t + lane) & 7;
@@ -376,7 +383,7 @@ __device__ void stage_core(const float* xg, int k, uint8_t* xb, float* xs) {
       *reinterpret_cast<uint4*>(xb + c * 128 + tt * 16) = w;
     }
     if ((lane & 7) == 0)
-      for (int t = 0; t < T; ++t) xs[(c >> 3) * 8 + t] = __int_as_float((127 + E + 5 - 4 * t) << 23);
+      for (int t = 0; t < 4; ++t) xs[(c >> 3) * 8 + t] = digit_factor(E, t);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -396,7 +403,7 @@ __global__ void __launch_bounds__(NT, 1) bench3(const uint8_t* gpage, const floa
   __syncthreads();
   long long c0 = clock64(), t0;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  stage_core<4>(gx, k, xb, xs);
+  stage_core(gx, k, xb, xs);
   __syncthreads();
   long long c1 = clock64(), t1;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -419,14 +426,12 @@ __global__ void __launch_bounds__(NT, 1) bench3(const uint8_t* gpage, const floa
 static void run_v3(int sms, std::mt19937& rng, int kx) {
   // one page: 64 rows x 1024 columns; x of kx columns staged (timing of staging), the page uses its first 1024
   std::vector<uint8_t> w(64 * 1024), page(PAGE);
-  for (auto& b : w) { do b = rng() & 0xff; while ((b & 0x7f) == 0x7f); }
+  for (auto& b : w) b = random_e4m3(rng);
   for (int r = 0; r < 64; ++r)
-    for (int c = 0; c < 1024; ++c) page[(c / 32) * 2048 + ((c % 32) / 16) * 1024 + (r / 8) * 128 + (r % 8) * 16 + c % 16] = w[r * 1024 + c];
+    for (int c = 0; c < 1024; ++c) page[core_offset(r, c)] = w[r * 1024 + c];
   float ws[8];
-  for (float& s : ws) s = ldexpf(1.f, -(int)(rng() % 6) - 6);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(kx);
-  for (float& v : x) v = nd(rng) * ((rng() % 64) == 0 ? 30.f : 1.f);
+  for (float& s : ws) s = random_scale(rng);
+  const std::vector<float> x = random_x(rng, kx);
   std::vector<double> ref(64);
   double mag = 0;
   for (int r = 0; r < 64; ++r) {
@@ -560,35 +565,20 @@ __device__ __forceinline__ void stage_tile_digits(const float* xg, int k, uint8_
     for (int j = 0; j < 16; ++j) m = fmaxf(m, fabsf(e[j]));
     for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     if (c >= k / 16) continue;
-    const int E = max(((__float_as_int(m) >> 23) & 0xff) - 126, -100);
-    const float up = __int_as_float((127 + 16 - E) << 23);
-    uint32_t words[4][4];
+    const int E = block_exponent(m);
+    uint32_t wd[4][4];  // wd[w][t]: digit t of columns 4w..4w+3
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      uint32_t M[4], sgn = 0;
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        const float x = e[4 * w + b];
-        M[b] = min(__float_as_uint(fabsf(x) * up + 8388608.f) & 0x7fffffu, 0xffffu);
-        sgn |= (__float_as_uint(x) >> 31) << (8 * b + 7);
-      }
-      const uint32_t p01 = M[0] | (M[1] << 16), p23 = M[2] | (M[3] << 16);
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const int sh = 12 - 4 * t;
-        words[t][w] = __byte_perm((p01 >> sh) & 0x000f000fu, (p23 >> sh) & 0x000f000fu, 0x6420) | sgn;
-      }
-    }
+    for (int w = 0; w < 4; ++w) digit_words(e + 4 * w, E, wd[w]);
     const int j = c / cps, kc = c % cps;
 #pragma unroll
     for (int t0 = 0; t0 < 4; ++t0) {
       const int t = (t0 + lane) & 3;
-      uint4 wv = make_uint4(words[0][0], words[0][1], words[0][2], words[0][3]);
+      uint4 wv = make_uint4(wd[0][0], wd[1][0], wd[2][0], wd[3][0]);
 #pragma unroll
-      for (int q = 1; q < 4; ++q) if (t == q) wv = make_uint4(words[q][0], words[q][1], words[q][2], words[q][3]);
+      for (int q = 1; q < 4; ++q) if (t == q) wv = make_uint4(wd[0][q], wd[1][q], wd[2][q], wd[3][q]);
       *reinterpret_cast<uint4*>(xb + kc * 512 + (4 * j + t) * 16) = wv;
     }
-    if ((lane & 7) < 4) xs[(c >> 3) * 4 + (lane & 7)] = __int_as_float((127 + E + 5 - 4 * (lane & 7)) << 23);
+    if ((lane & 7) < 4) xs[(c >> 3) * 4 + (lane & 7)] = digit_factor(E, lane & 7);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
@@ -659,15 +649,13 @@ __global__ void __launch_bounds__(NT, 1) bench5(const uint8_t* gunit, int C, con
 static void run_v5(int sms, std::mt19937& rng, int k, int C) {
   const int kseg = k / S8, P = kseg / C, U = 64 * C + 4 * S8 * (C / 128);
   std::vector<uint8_t> w(64 * C), unit(U);  // w[(j * 8 + r) * C + c]
-  for (auto& b : w) { do b = rng() & 0xff; while ((b & 0x7f) == 0x7f); }
+  for (auto& b : w) b = random_e4m3(rng);
   for (int m = 0; m < 64; ++m)
-    for (int c = 0; c < C; ++c) unit[(c / 32) * 2048 + ((c % 32) / 16) * 1024 + (m / 8) * 128 + (m % 8) * 16 + c % 16] = w[m * C + c];
+    for (int c = 0; c < C; ++c) unit[core_offset(m, c)] = w[m * C + c];
   std::vector<float> ws(S8 * (C / 128));
-  for (float& v : ws) v = ldexpf(1.f, -(int)(rng() % 6) - 6);
+  for (float& v : ws) v = random_scale(rng);
   memcpy(unit.data() + 64 * C, ws.data(), ws.size() * 4);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> x(k);
-  for (float& v : x) v = nd(rng) * ((rng() % 64) == 0 ? 30.f : 1.f);
+  const std::vector<float> x = random_x(rng, k);
   double ref[8], mag = 0;
   for (int r = 0; r < 8; ++r) {
     double s = 0;
@@ -701,7 +689,6 @@ int main() {
                           {"l8-down k14336", 14336, 1}, {"l8-gateup k4096 pair", 4096, 2}, {"ds-qb k1536", 1536, 1}};
   int sms; CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   std::mt19937 rng(1234);
-  std::normal_distribution<float> nd(0.f, 1.f);
   for (int kx : {1024, 7168, 18432}) run_v3(sms, rng, kx);
   run_v3n<16>(sms);
   run_v3n<32>(sms);
@@ -717,11 +704,10 @@ int main() {
     for (int r = 0; r < n; ++r)
       for (int h = 0; h < sh.halves; ++h) {
         uint8_t* row = page.data() + r * rb + h * half;
-        for (int c = 0; c < k; ++c) { uint8_t b; do b = rng() & 0xff; while ((b & 0x7f) == 0x7f); row[c] = b; }
-        for (int b = 0; b < k / 128; ++b) { float s = ldexpf(1.f, -(int)(rng() % 6) - 6); memcpy(row + k + 4 * b, &s, 4); }
+        for (int c = 0; c < k; ++c) row[c] = random_e4m3(rng);
+        for (int b = 0; b < k / 128; ++b) { const float s = random_scale(rng); memcpy(row + k + 4 * b, &s, 4); }
       }
-    std::vector<float> x(k);
-    for (int c = 0; c < k; ++c) x[c] = nd(rng) * ((rng() % 64) == 0 ? 30.f : 1.f);
+    const std::vector<float> x = random_x(rng, k);
     std::vector<double> ref(16, 0.0);
     for (int r = 0; r < n; ++r)
       for (int h = 0; h < sh.halves; ++h) {
