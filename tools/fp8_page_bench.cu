@@ -220,6 +220,13 @@ __device__ void stage_fp32(const float* xg, int k, float* x) {
 }
 
 struct Result { long long cycles; long long ns; };
+// The SM's clock and the global timer at one point; a timed span is the difference of two.
+__device__ __forceinline__ Result stamp() {
+  Result r{clock64(), 0};
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(r.ns));
+  return r;
+}
+__device__ __forceinline__ Result span(const Result& a, const Result& b) { return {b.cycles - a.cycles, b.ns - a.ns}; }
 
 template <int V>
 __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float* gx, int n, int rb, int k, int halves,
@@ -232,13 +239,11 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
   for (int i = threadIdx.x; i < PAGE / 16; i += NT) reinterpret_cast<uint4*>(page)[i] = reinterpret_cast<const uint4*>(gpage)[i];
   __syncthreads();
   // staging timed (once per task)
-  long long c0 = clock64(), t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const Result s0 = stamp();
   if (V != 2) stage_fp32(gx, k, reinterpret_cast<float*>(xbuf));
   else stage_digits(gx, k, xbuf, pstride, xs);
   __syncthreads();
-  long long c1 = clock64(), t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  const Result s1 = stamp();
   for (int r = 0; r < REPS; ++r) {
     if (threadIdx.x < 16) acc[threadIdx.x] = 0.f;
     __syncthreads();
@@ -248,11 +253,10 @@ __global__ void __launch_bounds__(NT, 1) bench(const uint8_t* gpage, const float
     else page_v2<4>(page, n, rb, k, halves, xbuf, pstride, xs, acc);
     __syncthreads();
   }
-  long long c2 = clock64(), t2;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+  const Result s2 = stamp();
   if (threadIdx.x == 0) {
-    res[blockIdx.x * 2] = {c1 - c0, t1 - t0};
-    res[blockIdx.x * 2 + 1] = {c2 - c1, t2 - t1};
+    res[blockIdx.x * 2] = span(s0, s1);
+    res[blockIdx.x * 2 + 1] = span(s1, s2);
     if (blockIdx.x == 0) for (int i = 0; i < 16; ++i) out[i] = acc[i];
   }
 }
@@ -401,26 +405,23 @@ __global__ void __launch_bounds__(NT, 1) bench3(const uint8_t* gpage, const floa
   if (threadIdx.x < 8) ws[threadIdx.x] = gws[threadIdx.x];
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
-  long long c0 = clock64(), t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const Result s0 = stamp();
   stage_core(gx, k, xb, xs);
   __syncthreads();
-  long long c1 = clock64(), t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  const Result s1 = stamp();
   float y[2] = {0.f, 0.f};
   for (int r = 0; r < REPS; ++r) {
     page_v3(page, xb, ws, xs, y);
     __syncthreads();
   }
-  long long c2 = clock64(), t2;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+  const Result s2 = stamp();
   // rows 16 w + g and + 8 of this warpgroup's k half: sum over the quad's terms, then warpgroups
   const int ct = threadIdx.x, wg = ct >> 7, w = (ct >> 5) & 3, lane = ct & 31, g = lane >> 2;
   for (int o = 1; o < 4; o <<= 1) { y[0] += __shfl_xor_sync(0xffffffffu, y[0], o); y[1] += __shfl_xor_sync(0xffffffffu, y[1], o); }
   if ((lane & 3) == 0) { acc[wg * 64 + 16 * w + g] = y[0]; acc[wg * 64 + 16 * w + g + 8] = y[1]; }
   __syncthreads();
   if (ct < 64) out[blockIdx.x == 0 ? ct : 64] = acc[ct] + acc[64 + ct] + acc[128 + ct] + acc[192 + ct];
-  if (ct == 0) { res[blockIdx.x * 2] = {c1 - c0, t1 - t0}; res[blockIdx.x * 2 + 1] = {c2 - c1, t2 - t1}; }
+  if (ct == 0) { res[blockIdx.x * 2] = span(s0, s1); res[blockIdx.x * 2 + 1] = span(s1, s2); }
 }
 
 static void run_v3(int sms, std::mt19937& rng, int kx) {
@@ -490,8 +491,7 @@ __global__ void __launch_bounds__(NT, 1) bench3n(const uint8_t* gpage, float* ou
   __syncthreads();
   const int wg = threadIdx.x >> 7;
   float y = 0.f;
-  long long c1 = clock64(), t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  const Result s1 = stamp();
   for (int r = 0; r < REPS; ++r) {
     float da[N / 2], db[N / 2];
     wg_fence();
@@ -515,10 +515,9 @@ __global__ void __launch_bounds__(NT, 1) bench3n(const uint8_t* gpage, float* ou
     for (int i = 0; i < N / 2; ++i) y = fmaf(db[i], 0.25f, y);
     __syncthreads();
   }
-  long long c2 = clock64(), t2;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+  const Result s2 = stamp();
   out[blockIdx.x * NT + threadIdx.x] = y;
-  if (threadIdx.x == 0) res[blockIdx.x] = {c2 - c1, t2 - t1};
+  if (threadIdx.x == 0) res[blockIdx.x] = span(s1, s2);
 }
 
 template <int N>
@@ -624,12 +623,10 @@ __global__ void __launch_bounds__(NT, 1) bench5(const uint8_t* gunit, int C, con
   if (threadIdx.x < 8) acc[threadIdx.x] = 0.f;
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   __syncthreads();
-  long long c0 = clock64(), t0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  const Result s0 = stamp();
   stage_tile_digits(gx, k, xb, xs);
   __syncthreads();
-  long long c1 = clock64(), t1;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+  const Result s1 = stamp();
   float y = 0.f;
   for (int r = 0; r < REPS; ++r) {
     for (int p = 0; p < P; ++p) {  // the tile's units (the same bytes each: the reference repeats them)
@@ -637,13 +634,12 @@ __global__ void __launch_bounds__(NT, 1) bench5(const uint8_t* gunit, int C, con
       __syncthreads();
     }
   }
-  long long c2 = clock64(), t2;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t2));
+  const Result s2 = stamp();
   y += __shfl_xor_sync(0xffffffffu, y, 1);
   if ((threadIdx.x & 1) == 0) atomicAdd(acc + ((threadIdx.x & 31) >> 2), y);
   __syncthreads();
   if (threadIdx.x < 8 && blockIdx.x == 0) out[threadIdx.x] = acc[threadIdx.x] / REPS;
-  if (threadIdx.x == 0) { res[blockIdx.x * 2] = {c1 - c0, t1 - t0}; res[blockIdx.x * 2 + 1] = {c2 - c1, (t2 - t1) / P}; }
+  if (threadIdx.x == 0) { res[blockIdx.x * 2] = span(s0, s1); res[blockIdx.x * 2 + 1] = {s2.cycles - s1.cycles, (s2.ns - s1.ns) / P}; }
 }
 
 static void run_v5(int sms, std::mt19937& rng, int k, int C) {
