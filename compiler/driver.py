@@ -138,13 +138,14 @@ def _column_slices(program: Program, t, offset: int) -> list[dict[str, Any]]:
 
 def _fp8_rows(g: Graph, ws: list[Tensor]) -> dict[str, Any]:
     """For FP8 weights, what packing needs besides the rows: each segment's scale tensor, the
-    block, the columns one packed scale covers and the packed bytes of one row (none for
-    bf16)."""
+    block, the columns one packed scale covers, the packed bytes of one row and whether the
+    rows are packed as tiles (`ir/fp8.py: pack_tiles`); none for bf16."""
     if "scale_inv" not in ws[0].attrs:
         return {}
     return {"scales": [g.tensors[w.attrs["scale_inv"]].hf_name for w in ws],
             "block": list(ws[0].attrs["block"]), "scale_cols": scale_cols(ws[0]),
-            "row_bytes": weight_row_bytes(ws[0])}
+            "row_bytes": weight_row_bytes(ws[0]),
+            **({"tiles": True} if ws[0].attrs.get("tiled") else {})}
 
 
 def _kv_cache(program: Program) -> dict[str, Any]:

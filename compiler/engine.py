@@ -37,7 +37,7 @@ from tilertc.artifact import (
     weight_table,
 )
 from tilertc.ir.build import build_graph
-from tilertc.ir.fp8 import pack_rows, row_scales
+from tilertc.ir.fp8 import pack_rows, pack_tiles, row_scales
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.mla import derive_kv_b, derive_kv_b_scales
 from tilertc.ir.rope import cos_sin
@@ -65,8 +65,9 @@ ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weig
 def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
                  device: torch.device) -> torch.Tensor:
     """The packed weight buffer (bytes) of a manifest's `weights` entry: each task's rows at its
-    offset, gate/up pairs interleaved row by row, FP8 rows followed by their scales, a column
-    slice (a split-K FFN's part of W_down) as rows of its columns (docs/artifact.md)."""
+    offset, gate/up pairs interleaved row by row, FP8 rows followed by their scales (or FP8
+    tiles, a gate/up task's gate and up tiles in turn), a column slice (a split-K FFN's part
+    of W_down) as rows of its columns (docs/artifact.md)."""
     packed = torch.zeros(layout["packed_bytes"], dtype=torch.uint8, device=device)
     # Only the tensors the current entry reads stay on the device, which keeps packing memory
     # small; entries are sorted so that those sharing tensors (the tiles of one gate/up pair,
@@ -89,7 +90,8 @@ def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
             else:
                 on_dev[name, k] = derive_kv_b(w, k, dims) if k else w
         c0, c1 = entry.get("columns", (None, None))  # a column slice (bf16): those of each row
-        parts = [pack_rows(on_dev[name, kind][r0:r1], on_dev[scale, kind][r0:r1])
+        pack = pack_tiles if entry.get("tiles") else pack_rows
+        parts = [pack(on_dev[name, kind][r0:r1], on_dev[scale, kind][r0:r1])
                  if scale else on_dev[name, kind][r0:r1, c0:c1].contiguous().view(torch.uint8)
                  for (name, r0, r1), scale in zip(entry["segments"], scales, strict=True)]
         rows = torch.stack(parts, 1) if entry["interleave"] else torch.cat(parts)

@@ -93,3 +93,53 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     out[:, :k] = values.view(torch.uint8)
     out[:, k:k + 4 * m] = scales.float().contiguous().view(torch.uint8).to(values.device)
     return out
+
+
+# FP8 tiles (decode.cuh: tile_pages): the layout in which the kernel's tensor cores (wgmma,
+# e4m3) read a projection's weights. A tile is TILE_ROWS consecutive rows of one weight, each
+# row cut into TILE_SEGMENTS segments of k / 8 columns; segment j of row r is row m = 8 j + r of
+# a 64-row operand. It is streamed as units of C columns of every segment: the unit's 64 x C
+# values as 8x16-byte core matrices (column c of row m at tile_offset(m, c)), then its
+# TILE_SEGMENTS x C / 128 fp32 block scales (segment j's block b at j C / 128 + b; the 8 rows
+# share one 128-row scale block).
+TILE_ROWS = 8
+TILE_SEGMENTS = 8
+TILE_UNIT_MAX_COLS = 1024
+
+
+def tile_unit_cols(k: int, block_cols: int = 128) -> int | None:
+    """C, the columns of a unit of a tiled row of k columns: the largest multiple of the scale
+    block, at most TILE_UNIT_MAX_COLS, that divides a segment (k / 8); None when a segment is
+    not whole blocks."""
+    seg = k // TILE_SEGMENTS
+    if k % TILE_SEGMENTS or seg % block_cols:
+        return None
+    return max(c for c in range(block_cols, TILE_UNIT_MAX_COLS + 1, block_cols) if seg % c == 0)
+
+
+def tile_unit_bytes(cols: int, block_cols: int = 128) -> int:
+    """Bytes of a unit of C columns: 64 C e4m3 values, then 8 C / 128 fp32 scales."""
+    return TILE_ROWS * TILE_SEGMENTS * cols + 4 * TILE_SEGMENTS * cols // block_cols
+
+
+def tiled_row_bytes(k: int, block_cols: int = 128) -> int:
+    """Bytes per row of a tiled weight of k columns: a tile's units over its 8 rows."""
+    cols = tile_unit_cols(k, block_cols)
+    return k // TILE_SEGMENTS // cols * tile_unit_bytes(cols, block_cols) // TILE_ROWS
+
+
+def pack_tiles(values: torch.Tensor, scales: torch.Tensor, block_cols: int = 128) -> torch.Tensor:
+    """e4m3 rows [n, k] (n a multiple of 8) with their row scales [n, k / block_cols] as
+    tiles: uint8 [n / 8, k / 8 / C units x tile_unit_bytes(C)], each tile's units in order."""
+    n, k = values.shape
+    cols = tile_unit_cols(k, block_cols)
+    parts = k // TILE_SEGMENTS // cols
+    # [tile, r, j, part, c32, half, byte] -> [tile, part, c32, half, j, r, byte]: the 16-byte row
+    # pieces of core matrices, k32 steps 2048 B apart, their halves 1024, segments 128, rows 16
+    v = values.view(torch.uint8).reshape(n // TILE_ROWS, TILE_ROWS, TILE_SEGMENTS, parts,
+                                         cols // 32, 2, 16)
+    v = v.permute(0, 3, 4, 5, 2, 1, 6).reshape(n // TILE_ROWS, parts, -1)
+    blocks = cols // block_cols
+    s = scales.float()[::TILE_ROWS].reshape(n // TILE_ROWS, TILE_SEGMENTS, parts, blocks)
+    s = s.permute(0, 2, 1, 3).contiguous().view(torch.uint8).reshape(n // TILE_ROWS, parts, -1)
+    return torch.cat([v, s.to(v.device)], 2).reshape(n // TILE_ROWS, -1)

@@ -28,7 +28,7 @@ from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
 from tilertc.passes.sharding import exchange_ops
-from tilertc.passes.tiling import MATVEC, ROUTED, row_bytes
+from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
 PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
@@ -97,6 +97,14 @@ def _staged_floats(program: Program) -> int:
     return max(need)
 
 
+def _most_rows(op) -> int:
+    """The most output rows a task of a matrix-vector op has."""
+    tile = op.attrs["tile"]
+    if "rows_per_task" in tile:
+        return tile["rows_per_task"][1]
+    return -(-op.attrs["rows"] // tile["tasks"])
+
+
 def rope_dim(attn) -> int:
     """The dims RoPE rotates per head, which the RoPE table holds cos and sin for: GQA's
     head_dim, MLA's qk_rope_head_dim (its key's rope part and every query's)."""
@@ -120,7 +128,10 @@ def place(program: Program) -> Program:
                 f"op {op.name!r}: head_dim {op.attrs['head_dim']} is not a multiple of 8; "
                 "KV-cache rows must be whole 16-byte pieces for bulk copies"
             )
-    max_k = max(op.attrs["K"] for op in mv_ops)
+    # an FP8 tile task stages its input as 4 bytes of digits per column and a factor per
+    # 128-column block (decode.cuh: stage_digits)
+    max_k = max(op.attrs["K"] + (op.attrs["K"] // 128 if is_tiled(program, op) else 0)
+                for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
     # (and, in the task that merges a group, every chunk's max and sum per head and a batch of
@@ -142,13 +153,13 @@ def place(program: Program) -> Program:
     vec_floats = max(max_k, attn_floats, _staged_floats(program), widest)
     act_smem = vec_floats * 4
     acc_floats = max(
-        -(-op.attrs["rows"] // op.attrs["tile"]["tasks"]) * (2 if op.attrs.get("interleave") else 1)
+        _most_rows(op) * (2 if op.attrs.get("interleave") else 1)
         for op in mv_ops if op.opcode != "ffn_split_k"
     )
     acc_floats = max(acc_floats, 2 * widest)
     ring = tgt.smem_per_block - smem_bytes(0, 0, vec_floats, acc_floats)
-    max_row = max(row_bytes(program, op) for op in mv_ops)
-    worst = max(mv_ops, key=lambda op: row_bytes(program, op))
+    max_row = max(stream_row_bytes(program, op) for op in mv_ops)
+    worst = max(mv_ops, key=lambda op: stream_row_bytes(program, op))
     half = (ring - 32) // 2  # two pages and their mbarriers must fit
     if half < max_row:
         raise ScheduleError(

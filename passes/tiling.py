@@ -36,7 +36,13 @@ slice as `hidden` rows of the slice's width, so every SM streams the same bytes.
 
 from __future__ import annotations
 
-from tilertc.ir.fp8 import packed_row_bytes
+from tilertc.ir.fp8 import (
+    TILE_ROWS,
+    packed_row_bytes,
+    tile_unit_bytes,
+    tile_unit_cols,
+    tiled_row_bytes,
+)
 from tilertc.ir.graph import DTYPE_BYTES, Tensor
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
@@ -57,7 +63,10 @@ def scale_cols(w: Tensor) -> int:
 
 def weight_row_bytes(w: Tensor) -> int:
     """Bytes of one packed row of weight `w`: its bf16 values, or its FP8 values followed by
-    its scales (`ir/fp8.py: packed_row_bytes`)."""
+    its scales (`ir/fp8.py: packed_row_bytes`), or a tiled FP8 weight's share of a tile
+    (`ir/fp8.py: tiled_row_bytes`)."""
+    if w.attrs.get("tiled"):
+        return tiled_row_bytes(w.shape[1])
     if "scale_inv" in w.attrs:
         return packed_row_bytes(w.shape[1], scale_cols(w))
     return w.shape[1] * DTYPE_BYTES[w.dtype]
@@ -80,8 +89,7 @@ def row_bytes(program: Program, op) -> int:
     if op.opcode == "moe_down_add":  # one piece per slot, then the shared expert's
         routed, shared = down_piece_bytes(program, op)
         return op.attrs["slots"] * routed + shared
-    ws = {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5],
-          "ffn_split_k": op.inputs[2:4]}.get(op.opcode, [op.inputs[1]])
+    ws = _weights(op)
     # One format per op: a task's rows are all read by one variant of the kernel's dot product.
     formats = sorted({g.tensors[w].dtype for w in ws})
     if len(formats) > 1:
@@ -89,6 +97,40 @@ def row_bytes(program: Program, op) -> int:
                             "matrix-vector op streams rows of one format")
     per = [weight_row_bytes(g.tensors[w]) for w in ws]
     return sum(per) if op.attrs.get("interleave") else per[0]
+
+
+def _weights(op) -> list[str]:
+    """The weights one output row of a matrix-vector op reads (a routed op's: expert 0's)."""
+    return {"norm_matvec": op.inputs[2:], "moe_gate_up": op.inputs[3:5],
+            "ffn_split_k": op.inputs[2:4]}.get(op.opcode, [op.inputs[1]])
+
+
+def _fp8_tiles_fit(program: Program, op) -> bool:
+    """Whether the FP8 weights of `op` stream as tiles for the tensor cores (the `fp8_mma`
+    knob; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection (`norm_matvec`,
+    `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows in whole tiles
+    of 8 (which then never straddle a scale block's rows), and whose segments (K / 8) are whole
+    blocks. Routed experts, MLA's head rows and other shapes keep their rows."""
+    if (not program.config["tuning"].get("fp8_mma") or program.tp > 1
+            or op.opcode not in ("norm_matvec", "matvec_add")):
+        return False
+    ws = [program.graph.tensors[w] for w in _weights(op)]
+    return all("scale_inv" in w.attrs and "scale_cols" not in w.attrs and w.attrs["block"][1] == 128
+               and w.attrs["block"][0] % TILE_ROWS == 0 and w.shape[0] % TILE_ROWS == 0
+               for w in ws) and tile_unit_cols(op.attrs["K"]) is not None
+
+
+def is_tiled(program: Program, op) -> bool:
+    """Whether tiling chose FP8 tiles for the weights of `op` (`_fp8_tiles_fit`)."""
+    return op.opcode in MATVEC and bool(program.graph.tensors[_weights(op)[0]].attrs.get("tiled"))
+
+
+def stream_row_bytes(program: Program, op) -> int:
+    """Bytes of what a ring page holds whole of a matrix-vector op: a row, or a tiled op's
+    unit (decode.cuh: stream_rows)."""
+    if is_tiled(program, op):
+        return tile_unit_bytes(tile_unit_cols(op.attrs["K"]))
+    return row_bytes(program, op)
 
 
 def segment_bytes(program: Program, s: WeightSegment) -> int:
@@ -127,17 +169,23 @@ def _bounds(rows: int, n: int) -> list[int]:
 
 
 def _tile_rows(program: Program, op) -> None:
-    rows, rb = op.attrs["rows"], row_bytes(program, op)
-    n = min(rows, program.target.num_sms)
-    bounds = _bounds(rows, n)
+    tiled = _fp8_tiles_fit(program, op)
+    for w in _weights(op) if tiled else ():
+        program.graph.tensors[w].attrs["tiled"] = True
+    rows, rb, quantum = op.attrs["rows"], row_bytes(program, op), TILE_ROWS if tiled else 1
+    n = min(rows // quantum, program.target.num_sms)
+    bounds = [quantum * b for b in _bounds(rows // quantum, n)]
     for i in range(n):
         r0, r1 = bounds[i], bounds[i + 1]
         program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
                                   _segments(program, op, r0, r1), (r1 - r0) * rb))
-    op.attrs["tile"] = {"tasks": n, "rows_per_task": (rows // n, -(-rows // n)),
-                        "bytes_per_task": -(-rows // n) * rb}
+    sizes = {b - a for a, b in zip(bounds, bounds[1:], strict=False)}
+    op.attrs["tile"] = {"tasks": n, "rows_per_task": (min(sizes), max(sizes)),
+                        "bytes_per_task": max(sizes) * rb}
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
-                   f"{rows // n}-{-(-rows // n)} rows")
+                   f"{min(sizes)}-{max(sizes)} rows" + (
+                       f", FP8 tiles of {TILE_ROWS} rows for the tensor cores (units of "
+                       f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else ""))
 
 
 def split_k_slices(program: Program, op) -> list[int]:

@@ -261,15 +261,15 @@ static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ri
 #endif
 static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
 static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
-#if FP8_MMA || MLA
-// The tensor cores' mma.m16n8k16 with f32 accumulation (decode.cuh: mma_f16_16816 for the FP8
-// rows' path, mma_bf16_16816 for MLA attention, inline PTX there). The mma gathers the warp's 32
-// lanes' fragments through a per-warp buffer between two barriers and computes each lane's
-// D = A * B + D in float, reading A and B back out of the fragments as the PTX ISA lays out
-// m16n8k16 .f16 / .bf16 (group g = lane / 4, q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row
-// g+8; a2 row g, k 2q+8, 2q+9; a3 row g+8, k 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8,
-// 2q+9; D's d0, d1 row g, columns 2q, 2q+1, d2, d3 row g+8), each 16-bit value converted by
-// `value` (exactly: every f16 and bf16 value is a float).
+#if MLA
+// The tensor cores' mma.m16n8k16 with f32 accumulation (decode.cuh: mma_bf16_16816 for MLA
+// attention, inline PTX there). The mma gathers the warp's 32 lanes' fragments through a
+// per-warp buffer between two barriers and computes each lane's D = A * B + D in float,
+// reading A and B back out of the fragments as the PTX ISA lays out m16n8k16 .bf16 (group g =
+// lane / 4, q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row g+8; a2 row g, k 2q+8, 2q+9; a3 row
+// g+8, k 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8, 2q+9; D's d0, d1 row g, columns 2q,
+// 2q+1, d2, d3 row g+8), each 16-bit value converted by `value` (exactly: every bf16 value is a
+// float).
 struct MmaFragments {
   uint32_t a[32][4], b[32][2];
 };
@@ -296,24 +296,40 @@ template <float (*value)(uint16_t)> static void mma_16816(float (&d)[4], const u
 }
 #endif
 #if FP8_MMA
-// f16 is the host compiler's _Float16 (round to nearest even, with subnormals, as
-// __float2half_rn).
-static inline uint16_t f16_round(float x) {
-  const _Float16 h = static_cast<_Float16>(x);
-  uint16_t u;
-  std::memcpy(&u, &h, 2);
-  return u;
+// The tensor cores' wgmma (decode.cuh: smem_desc, wgmma_e4m3_m64n32k32 and its fences, inline
+// PTX there). A descriptor here is the operand's host address with lbo / 16 and sbo / 16 above
+// it (user-space addresses fit in 48 bits). Each thread computes its own D elements from shared
+// memory at the call, as the PTX ISA lays out the operands (K-major core matrices: element
+// (row, k) at (k / 16) lbo + (row / 8) sbo + (row % 8) 16 + k % 16) and D (warp w of the
+// warpgroup, g = lane / 4, q = lane % 4: d[4 i + h] is row 16 w + g + 8 (h / 2), column 8 i +
+// 2 q + h % 2); the products are summed in double and rounded once.
+static inline uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  return reinterpret_cast<uint64_t>(p) | static_cast<uint64_t>(lbo >> 4) << 48 | static_cast<uint64_t>(sbo >> 4) << 56;
 }
-static inline float f16_float(uint16_t u) {
-  _Float16 h;
-  std::memcpy(&h, &u, 2);
-  return static_cast<float>(h);
+static inline float operand_e4m3(uint64_t desc, int row, int k) {
+  const uint8_t* base = reinterpret_cast<const uint8_t*>(desc & ((1ull << 48) - 1));
+  const int lbo = static_cast<int>((desc >> 48) & 0xff) << 4, sbo = static_cast<int>(desc >> 56) << 4;
+  return e4m3_value(base[k / 16 * lbo + row / 8 * sbo + row % 8 * 16 + k % 16]);
 }
-static inline uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  return f16_round(e4m3_value(pair & 0xffu)) | static_cast<uint32_t>(f16_round(e4m3_value((pair >> 8) & 0xffu))) << 16;
+static void wgmma_e4m3_m64n32k32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  const int w = (tl_ct >> 5) & 3, g = (tl_ct & 31) / 4, q = tl_ct & 3;
+  for (int i = 0; i < 16; ++i) {
+    const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+    double sum = accumulate ? d[i] : 0.0;
+    for (int k = 0; k < 32; ++k) sum += static_cast<double>(operand_e4m3(a, row, k)) * operand_e4m3(b, col, k);
+    d[i] = static_cast<float>(sum);
+  }
 }
-static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
-static void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) { mma_16816<f16_float>(d, a, b0, b1); }
+static inline void wgmma_fence() {}
+static inline void wgmma_commit() {}
+static inline void wgmma_wait_all() {}
+static inline void fence_proxy_async_shared() {}
+static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte i: byte s[4i..] of y:x
+  const uint64_t v = static_cast<uint64_t>(y) << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>(v >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+  return r;
+}
 #endif
 #if MLA
 static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
@@ -530,7 +546,7 @@ static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
   }
 #endif
   if (!has_weights(t)) return true;
-  const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+  const int rows = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
   if ((rows + rpp - 1) / rpp > RING_PAGES) return false;
 #if MOE  // as run_loader: the slots' experts, the pieces of a down task's rows gathered

@@ -1,9 +1,10 @@
-"""FP8 rows on the tensor cores (`--tune fp8_mma=1`, decode.cuh: split_vector, mma_tile,
-mma_pages): what the option compiles and refuses, and a whole decode step of the kernel's own
-device code (tests/host_kernel.cpp: `step`, its mma.m16n8k16 emulated from the PTX ISA's
-fragment layout) against the interpreter, with a negative control (the k permutation broken
-in B, which must fail). On a GPU: the real tensor cores, teacher-forced against the
-interpreter (the gpu-marked tests at the end).
+"""FP8 tiles on the tensor cores (`--tune fp8_mma=1`; passes/tiling.py: _fp8_tiles_fit,
+ir/fp8.py: pack_tiles, decode.cuh: stage_digits, tile_pages): which tasks the option tiles and
+what it refuses, the tile layout against the definition it implements, and a whole decode step
+of the kernel's own device code (tests/host_kernel.cpp: `step`, its wgmma emulated from the PTX
+ISA's operand and accumulator layouts) against the interpreter, with negative controls (the
+digit factors off by one digit, the units' scales swapped between segments). On a GPU: the real
+tensor cores, teacher-forced against the interpreter (the gpu-marked tests at the end).
 """
 
 from __future__ import annotations
@@ -14,36 +15,36 @@ from typing import Any
 
 import pytest
 import test_mla_kernel
+import torch
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, random_host_step, small
 
 import tilertc
 from tilertc.backends.cuda import codegen, encode
 from tilertc.driver import CompileOptions, compile
+from tilertc.ir.fp8 import TILE_ROWS, pack_tiles, tile_unit_bytes, tile_unit_cols
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.tiling import is_tiled
 
 MMA = {"fp8_mma": True}
-ELIGIBLE = {"norm_matvec", "matvec_add", "moe_gate_up"}
-# dims whose projections are whole 128-column scale blocks (the tiny specs' hidden size, 64,
-# is not, so their rows would all stay on the CUDA-core path)
-WIDE = {"hidden_size": 256, "intermediate_size": 384, "head_dim": 64}
+# dims whose projections tile (K a multiple of 8 x 128: hidden, the heads' width and the
+# intermediate size), with 4 heads of 256 (o_proj's K = 1024) and a 2048-wide MLP (down's
+# segments of 256 columns: units of 256)
+WIDE = {"hidden_size": 1024, "intermediate_size": 2048, "head_dim": 256}
 
 
-def mma_tasks(program: Program) -> set[tuple[str, int]]:
-    """(opcode, halves) of the tasks the kernel runs on the tensor cores (decode.cuh:
-    mma_rows): FP8 rows of an eligible opcode over whole scale blocks."""
+def tiled_tasks(program: Program) -> set[tuple[str, int]]:
+    """(opcode, halves) of the tasks the kernel runs on the tensor cores (w_format
+    fp8_e4m3_tiles)."""
     names = encode.fields(program)
     col = {n: i for i, n in enumerate(names)}
     opcode = {v: k for k, v in encode.OPCODES.items()}
-    out = set()
-    for row in encode.encode(program)[0]:
-        op = opcode[int(row[col["opcode"]])]
-        if (op in ELIGIBLE and int(row[col["w_format"]]) == encode.WEIGHT_FORMATS["fp8_e4m3"]
-                and int(row[col["k"]]) % 128 == 0):
-            out.add((op, 2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1))
-    return out
+    return {(opcode[int(row[col["opcode"]])],
+             2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1)
+            for row in encode.encode(program)[0]
+            if int(row[col["w_format"]]) == encode.WEIGHT_FORMATS["fp8_e4m3_tiles"]}
 
 
 def fp8_spec(name: str, overrides: dict[str, Any]) -> tilertc.ModelSpec:
@@ -82,43 +83,89 @@ def test_it_compiles_without_spills(tmp_path: Path) -> None:
     assert kernel["ptxas"]["spill_stores"] == 0 and kernel["ptxas"]["stack_bytes"] == 0
 
 
-# (spec, overrides, target, tasks on the tensor cores): the dense spec on the H200 (one tile per
-# page, few rows: the blocks cut into segments over the warps), on 3 SMs (pages of several
-# tiles, partial tiles), and Qwen3-MoE's routed gate/up (8 rows' halves per tile)
+def test_tiles_are_whole_and_only_where_they_fit() -> None:
+    """Every tiled task is whole tiles of 8 rows; a projection whose K does not cut into 8
+    segments of whole 128-column blocks (qwen3-moe-tiny's routed experts: not dense) keeps
+    its rows, and so does every task without the knob."""
+    spec = fp8_spec("qwen3-moe-tiny", {"hidden_size": 1024, "head_dim": 256})
+    program = make_program(spec, tuning=MMA)
+    tiled = [t for t in program.tasks if is_tiled(program, program.graph.op(t.op))]
+    assert {t.opcode for t in tiled} == {"norm_matvec", "matvec_add"}
+    assert all(r % TILE_ROWS == 0 for t in tiled for r in t.rows)
+    assert tiled_tasks(program) == {("norm_matvec", 1), ("matvec_add", 1)}  # MoE: no dense gate/up
+    assert not tiled_tasks(make_program(spec))
+
+
+def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it() -> None:
+    """Before: 16 rows of k = 16384 e4m3 values and their per-block scales. After: 2 tiles of
+    2 units (segments of 2048 columns, units of C = 1024), the value of row r, column
+    j k / 8 + p C + c at (c / 32) 2048 + (c % 32 / 16) 1024 + j 128 + r 16 + c % 16 of unit p
+    of its tile, then the unit's scales, segment j's block b at j C / 128 + b."""
+    gen = torch.Generator().manual_seed(7)
+    n, k = 16, 16384
+    values = (torch.randn(n, k, generator=gen) * 50).to(torch.float8_e4m3fn)
+    scales = torch.rand(n // 8, k // 128, generator=gen).repeat_interleave(8, 0)
+    cols, seg = tile_unit_cols(k), k // 8
+    unit = tile_unit_bytes(cols)
+    assert cols == 1024 and unit == 64 * 1024 + 4 * 8 * 8
+    packed = pack_tiles(values, scales).reshape(n // 8, 2, unit)
+    raw = values.view(torch.uint8)
+    for tile in range(n // 8):
+        for part in range(2):
+            got = packed[tile, part]
+            for r in range(8):
+                for j in range(8):
+                    for c in range(r + j, cols, 37):
+                        at = (c // 32) * 2048 + (c % 32 // 16) * 1024 + j * 128 + r * 16 + c % 16
+                        assert got[at] == raw[8 * tile + r, j * seg + part * cols + c]
+            want = scales[8 * tile].reshape(8, 2, cols // 128)[:, part]
+            assert torch.equal(got[64 * cols:].clone().view(torch.float32).reshape(8, -1), want)
+
+
+PARTS = ("attn_out", "x.attn", "x.ffn")
+# The digits hold x to 2^-17 of its 128-column block's largest |x| (a 16-bit fixed point per
+# block), so a row sum is off by up to ~1e-4 of its size where x's blocks are peaky; 5e-4 is the
+# step test's tolerance here (the CUDA-core path's, 1e-4, is for float32 x).
+DIGITS_REL = 5e-4
+DENSE = {("norm_matvec", 1), ("norm_matvec", 2), ("matvec_add", 1)}
+# (spec, overrides, target, tasks on the tensor cores): the dense spec on the H200 (tasks of
+# one or two tiles) and on 64 SMs (tasks of several tiles: a gate/up task's 8 tiles on two
+# pages of 7 units and 1)
 STEPS = [
-    ("llama-tiny", WIDE, "h200", {("norm_matvec", 1), ("norm_matvec", 2), ("matvec_add", 1)}),
-    ("llama-tiny", WIDE, small("h200-3", 3),
-     {("norm_matvec", 1), ("norm_matvec", 2), ("matvec_add", 1)}),
-    ("qwen3-moe-tiny", {"hidden_size": 256, "head_dim": 64}, small("h200-5", 5),
-     {("norm_matvec", 1), ("matvec_add", 1), ("moe_gate_up", 2)}),
+    ("llama-tiny", WIDE, "h200", DENSE),
+    ("llama-tiny", WIDE, small("h200-64", 64), DENSE),
 ]
 
 
 @pytest.mark.parametrize(("name", "overrides", "target", "covers"), STEPS)
 def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, name: str, overrides: dict,
                                                      target: Any, covers: set) -> None:
-    """One decode step of decode.cuh's own code with fp8_mma (stage_vector's largest |x|,
-    split_vector's f16 pair, mma_pages' tiles and segments) against the interpreter on random
-    FP8 weights and tokens: per layer the attention output and the residual stream, the logits
+    """One decode step of decode.cuh's own code with fp8_mma (stage_digits' digits and
+    factors, tile_pages' units, folds and row sums) against the interpreter on random FP8
+    weights and tokens: per layer the attention output and the residual stream, the logits
     and the token."""
     spec = fp8_spec(name, overrides)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, MMA)
-    assert mma_tasks(program) >= covers
-    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
+    assert tiled_tasks(program) >= covers
+    assert_step_matches(bufs, env, token, spec.num_layers, PARTS, DIGITS_REL)
 
 
-def test_a_broken_k_permutation_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The negative control: B's two registers swapped (x at the columns of the other half of
-    mma m's k) gives wrong row sums, which the step test catches."""
+@pytest.mark.parametrize(("good", "bad"), [
+    # a digit's factor one digit off (2^-4 instead of 2^-8 for digits 2 and 3)
+    ("q & 1 ? 0x1p-8f : 1.f", "q & 1 ? 0x1p-4f : 1.f"),
+    # the block scales of the neighbouring segment
+    ("scale[j * blocks + b]", "scale[(j ^ 1) * blocks + b]"),
+])
+def test_a_broken_fold_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, good: str,
+                             bad: str) -> None:
+    """The negative controls: each breaks one piece of the fold, and the step test catches it."""
     source = test_mla_kernel.step_source
-    good = "mma_f16_16816(d, a, xs[2 * m], xs[2 * m + 1]);"
-    bad = "mma_f16_16816(d, a, xs[2 * m + 1], xs[2 * m]);"
     assert good in source()
     monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source().replace(good, bad))
     spec = fp8_spec("llama-tiny", WIDE)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, MMA)
     with pytest.raises(AssertionError, match="max difference"):
-        assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
+        assert_step_matches(bufs, env, token, spec.num_layers, PARTS, DIGITS_REL)
 
 
 # -- on a GPU ----------------------------------------------------------------------------------
@@ -136,8 +183,8 @@ def mma_engine(request, tmp_path_factory):
 
 @pytest.mark.gpu
 def test_gpu_teacher_forced_logits_match_interpreter(mma_engine) -> None:
-    """The real mma.sync (fragment layout, f16 conversion, accumulation) in the whole kernel:
-    the logits step by step within the FP8 tests' tolerances of the interpreter's."""
+    """The real wgmma (descriptors, operand and accumulator layouts, e4m3 products) in the
+    whole kernel: the logits step by step within the FP8 tests' tolerances of the interpreter's."""
     from test_cuda_kernel import check_teacher_forced
 
     assert mma_engine.m["kernel"]["constants"]["FP8_MMA"] == 1

@@ -65,7 +65,7 @@ enum Field : int {
 #endif
   TASK_FIELDS
 };
-enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1 };  // F_W_FORMAT of a matrix-vector task
+enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1, WF_FP8_TILES = 2 };  // F_W_FORMAT of a matrix-vector task
 constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
 
 // ---- kernel parameters: 8-byte words, laid out by backends/cuda/runtime.py ---------------
@@ -170,23 +170,34 @@ __device__ __forceinline__ void red_add_s64(long long* p, long long v) {  // two
 }
 #endif
 #if FP8_MMA
-// The tensor-core pieces of the FP8 rows' mma path (see mma_pages); the host harness
-// (tests/host_kernel.cpp) defines its own of these names.
-// D = A * B + D: A 16x16 f16 (4 f16x2 registers), B 16x8 f16 (2), D 16x8 f32 (4), a warp's
-// fragments as the PTX ISA lays them out for mma.m16n8k16 (see mma_tile).
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// The tensor-core pieces of the FP8 tiles' path (see tile_pages); the host harness
+// (tests/host_kernel.cpp) defines its own of these names. Operands are K-major core matrices
+// (8 rows x 16 bytes, 128 B, unswizzled) in shared memory; a descriptor holds the address,
+// `lbo` (bytes between the two 16-byte k halves of a k32 step) and `sbo` (bytes between groups
+// of 8 rows), each over 16 (PTX ISA: matrix descriptor of wgmma).
+__device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((smem_addr(p) & 0x3ffff) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
+         static_cast<uint64_t>(sbo >> 4) << 32;
 }
-// Two e4m3 values (low byte first) as an f16x2 register, exactly (every e4m3 value is an f16).
-__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  return h.x | static_cast<uint32_t>(h.y) << 16;
+// D (+)= A B, A 64 x 32 e4m3, B 32 x 32 e4m3, D 64 x 32 f32 over the warpgroup: warp w's lane
+// (g = lane / 4, q = lane % 4) holds d[4 i + 0, 1] = D[16 w + g][8 i + 2 q, + 1] and
+// d[4 i + 2, 3] = D[16 w + g + 8][the same columns]. `accumulate` 0: D = A B.
+__device__ __forceinline__ void wgmma_e4m3_m64n32k32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+      "%12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
 }
-__device__ __forceinline__ uint16_t f16_round(float x) { return __half_as_ushort(__float2half_rn(x)); }
-__device__ __forceinline__ float f16_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Orders this thread's shared-memory stores before the tensor cores' reads (the async proxy).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 #endif
 #if MLA
 // MLA attention's score and value products (mla_chunk) on the tensor cores; the host harness
@@ -316,6 +327,16 @@ __device__ __forceinline__ bool adds_residual(const int* t) {
   return t[F_OPCODE] == OP_MATVEC_ADD;
 }
 __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
+// The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
+// FP8 tile task's units (tile_pages): per 8 rows (a gate/up task's: their gate and up halves),
+// k / 8 / C units of 257 C / 4 bytes (64 C values, 8 C / 128 fp32 scales).
+__device__ __forceinline__ int stream_rows(const int* t) {
+#if FP8_MMA
+  if (t[F_W_FORMAT] == WF_FP8_TILES)
+    return (t[F_ROW1] - t[F_ROW0]) / 8 * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * (t[F_K] * 257 / (32 * t[F_ROW_BYTES]));
+#endif
+  return t[F_ROW1] - t[F_ROW0];
+}
 
 // Spins until the counter reaches `target` (acquire). False when another SM failed, when the
 // watchdog fires (recorded with the task and counter), or, given the loader's `quit` flag, when
@@ -543,7 +564,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
       }
 #endif
       if (!has_weights(t)) continue;
-      const int rows = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+      const int rows = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
                                         static_cast<uint32_t>(t[F_W_LO])) * 16;
 #if MOE
@@ -1091,62 +1112,23 @@ __device__ __forceinline__ float residual(const Params& p, const int* t, int row
   return __ldcg(p.act + t[F_AUX] + row0 + i);
 }
 
-#if FP8_MMA
-// ---- FP8 rows on the tensor cores (--tune fp8_mma=1) -----------------------------------------
-// An eligible task's FP8 rows are multiplied with mma.m16n8k16 (f16 in, f32 accumulation): A is
-// 16 weight rows x 16 columns (e4m3 -> f16, exact), B is 16 columns x 8 of the input vector,
-// column 0 x_hi = f16(x 2^-s), column 1 x_lo = f16(x 2^-s - x_hi) (~22 bits of x together),
-// the other columns copies that are never read back. The power of two 2^-s (from the largest
-// |x| of the staged vector) keeps x 2^-s below 2^14, inside f16's range; the row sums are
-// multiplied by 2^s at the end. Eligible: the FP8 rows of norm_matvec, matvec_add and a MoE
-// gate/up task whose k is whole scale blocks; a routed down row's pieces and MLA's head rows
-// (finer scales) stay on the CUDA-core path (dot_groups).
-constexpr int MMA_COLS = 64;                        // columns of a chunk: a lane's 16 bytes of a row
-static_assert(FP8_BLOCK_COLS % MMA_COLS == 0, "a scale block must be whole chunks");
-constexpr int MMA_SCALE = MISC_FLOATS - 1;          // s.red: 2^s, the factor of the row sums
-constexpr int MMA_MAX = MMA_SCALE - COMPUTE_WARPS;  // s.red: each warp's largest staged |x|
-static_assert(MMA_MAX >= SR_MASS + 2 * SAMPLE_K, "the mma scratch overlaps the sampler's");
-
-__device__ __forceinline__ bool mma_rows(const int* t) {
-  if (t[F_W_FORMAT] != WF_FP8 || t[F_K] % FP8_BLOCK_COLS != 0) return false;
-#if MOE
-  if (t[F_OPCODE] == OP_MOE_GATE_UP) return true;
-#endif
-  return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
-}
-
-// Where column `col` (0..63) of a chunk's x_hi lies among the chunk's 128 f16 (x_lo: 32 later):
-// [part][hi, lo][quarter q][8 columns], part = col / 8 % 2, q = col / 16. A lane of quarter q
-// reads its 16 columns 16 q.. as two 16-byte loads, one per part; each load of a warp is then
-// 128 bytes on distinct banks (mma_tile).
-__device__ __forceinline__ int mma_x_index(int col) { return ((col >> 3) & 1) * 64 + (col >> 4) * 8 + (col & 7); }
-
-// Rewrites the staged fp32 vector (k floats, after stage_vector's barrier) in place as chunks of
-// 64 columns, each 128 f16 (x_hi and x_lo, mma_x_index) in its own 64 floats' bytes: a chunk
-// is one warp's, read before any of it is written (__syncwarp). Stores 2^s in s.red[MMA_SCALE];
-// ends with a barrier.
-__device__ void split_vector(Shared& s, const int* t, int ct) {
-  float amax = 0.f;
-  for (int w = 0; w < COMPUTE_WARPS; ++w) amax = fmaxf(amax, s.red[MMA_MAX + w]);
-  // amax 2^-s in [2^13, 2^14); zero or subnormal: s = 0; s >= -100, so that 2^-s is a float
-  const int e = __float_as_int(amax) >> 23, shift = e == 0 ? 0 : max(e - 127 - 13, -100);
-  const float down = __int_as_float((127 - shift) << 23);
-  const int warp = ct >> 5, lane = ct & 31;
-  for (int c = warp; c < t[F_K] / MMA_COLS; c += COMPUTE_WARPS) {
-    float* chunk = s.vec + c * MMA_COLS;
-    const float x0 = chunk[lane] * down, x1 = chunk[lane + 32] * down;
-    __syncwarp();
-    uint16_t* h = reinterpret_cast<uint16_t*>(chunk);
-    const uint16_t h0 = f16_round(x0), h1 = f16_round(x1);
-    h[mma_x_index(lane)] = h0;
-    h[mma_x_index(lane) + 32] = f16_round(x0 - f16_float(h0));
-    h[mma_x_index(lane + 32)] = h1;
-    h[mma_x_index(lane + 32) + 32] = f16_round(x1 - f16_float(h1));
+// The end of staging a task's input, whose squares this thread summed into `ss`: a barrier,
+// and for a normed task its 1/rms in s.red[COMPUTE_WARPS] (thread 0, visible after the next
+// barrier).
+__device__ __forceinline__ void end_staging(Shared& s, const int* t, float ss, int ct) {
+  if (!normed(t)) {
+    compute_sync();
+    return;
   }
-  if (ct == 0) s.red[MMA_SCALE] = __int_as_float((127 + shift) << 23);
+  ss = warp_sum(ss);
+  if ((ct & 31) == 0) s.red[ct >> 5] = ss;
   compute_sync();
+  if (ct == 0) {
+    float total = 0.f;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
+    s.red[COMPUTE_WARPS] = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
+  }
 }
-#endif
 
 __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #if MLA
@@ -1161,9 +1143,6 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   float4* v = reinterpret_cast<float4*>(s.vec);
   float ss = 0.f;
-#if FP8_MMA
-  float amax = 0.f;  // the largest |x| staged (split_vector)
-#endif
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
   // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
@@ -1180,29 +1159,90 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
     }
 #endif
     v[i] = a;
+  }
+  end_staging(s, t, ss, ct);
+}
+
 #if FP8_MMA
-    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
-#endif
+// ---- FP8 tiles on the tensor cores (--tune fp8_mma=1) ----------------------------------------
+// An FP8 tile task (WF_FP8_TILES; passes/tiling.py decides which, ir/fp8.py: pack_tiles packs
+// them) multiplies its weights with wgmma, e4m3 in, f32 accumulation. Its rows come in tiles of
+// TILE_ROWS rows of one matrix (a gate/up task: 8 rows' gate tile, then their up tile), each
+// row cut into TILE_SEGMENTS segments of k / 8 columns, so that a tile is A's 64 rows (m = 8 j +
+// r: segment j of row r) over k / 8 columns. A tile streams as units of C columns of every
+// segment (unit_cols), the values in core-matrix order, then the unit's 8 x C / 128 fp32 block
+// scales (segment j's block b at j C / 128 + b: the tile's rows share one 128-row block). B is
+// the input as TILE_DIGITS e4m3 digits per column (stage_digits), so that D[m][4 j' + t] is
+// row m's dot with digit t of segment j' of x; a row's sum takes its own segment's (j' = j).
+constexpr int TILE_ROWS = 8, TILE_SEGMENTS = 8, TILE_DIGITS = 4;
+static_assert(TILE_ROWS * TILE_SEGMENTS == 64 && TILE_DIGITS * TILE_SEGMENTS == 32, "tiles are m64n32k32 wgmma");
+static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
+constexpr int DIGIT_CHUNK_BYTES = 16 * TILE_DIGITS * TILE_SEGMENTS;  // B's bytes per 16 segment columns
+
+// Digits of x (stage_digits): a 128-column block with max |x| < 2^E scales to the 16-bit fixed
+// point M = rint(|x| 2^(16 - E)) (exact to 2^-17 of the block's largest |x|); digit t is nibble
+// t of M, most significant first, with x's sign: an e4m3 byte whose value is n 2^-9 for nibble
+// n, so that x = sum_t digit_t 2^(E + 5 - 4 t).
+__device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
+  return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
+}
+// words[t]: digit t of the 4 columns x (a byte each, the first column lowest)
+__device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&words)[TILE_DIGITS]) {
+  const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
+  uint32_t M[4], sign = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {  // + 2^23 rounds to an integer in the low mantissa bits
+    M[e] = min(__float_as_uint(fabsf(v[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
+    sign |= (__float_as_uint(v[e]) >> 31) << (8 * e + 7);
   }
-#if FP8_MMA
-  if (mma_rows(t)) {
-    amax = warp_max(amax);
-    if ((ct & 31) == 0) s.red[MMA_MAX + (ct >> 5)] = amax;
-  }
-#endif
-  if (!norm) {
-    compute_sync();
-    return;
-  }
-  ss = warp_sum(ss);
-  if ((ct & 31) == 0) s.red[ct >> 5] = ss;
-  compute_sync();
-  if (ct == 0) {
-    float total = 0.f;
-    for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
-    s.red[COMPUTE_WARPS] = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
+  const uint32_t m01 = M[0] | M[1] << 16, m23 = M[2] | M[3] << 16;
+#pragma unroll
+  for (int t = 0; t < TILE_DIGITS; ++t) {
+    const int shift = 12 - 4 * t;
+    words[t] = __byte_perm((m01 >> shift) & 0x000f000fu, (m23 >> shift) & 0x000f000fu, 0x6420) | sign;
   }
 }
+
+// Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
+// weight and 1/rms as there): per 16 columns of a segment, DIGIT_CHUNK_BYTES holding column n =
+// 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B is
+// 1024 B, its k halves 512 B apart, groups of 8 columns 128 B apart); then each block's factor
+// 2^(E + 5) (k / 128 floats). A warp takes a 128-column block at a time, a lane 4 columns.
+__device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
+  const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, per_segment = blocks / TILE_SEGMENTS;
+  const int warp = ct >> 5, lane = ct & 31;
+  const bool norm = normed(t);
+  const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
+  uint8_t* b = reinterpret_cast<uint8_t*>(s.vec);
+  float* factor = s.vec + k;
+  float ss = 0.f;
+  for (int blk = warp; blk < blocks; blk += COMPUTE_WARPS) {
+    const int i = blk * (FP8_BLOCK_COLS / 4) + lane;
+    float4 a = input4(p, t, x, i);
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    if (norm) {
+      const float4 g = __ldcg(gamma + i);
+      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+    }
+    const int E = block_exponent(warp_max(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)))));
+    uint32_t words[TILE_DIGITS];
+    digit_words(a, E, words);
+    // the lane's 4 columns: segment j, its chunk of 16 columns; the 8 chunks of a warp's store
+    // take their digits in turn, so that a store hits 16 banks twice instead of 4 banks 8 times
+    const int j = blk / per_segment, chunk = blk % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
+    uint8_t* at = b + chunk * DIGIT_CHUNK_BYTES + 16 * TILE_DIGITS * j + 4 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < TILE_DIGITS; ++n) {
+      const int d = (n + lane / 4) % TILE_DIGITS;
+      *reinterpret_cast<uint32_t*>(at + 16 * d) = d == 0 ? words[0] : d == 1 ? words[1] : d == 2 ? words[2] : words[3];
+    }
+    if (lane == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
+  }
+  fence_proxy_async_shared();
+  end_staging(s, t, ss, ct);
+}
+#endif
 
 // The loop every row format shares: a segment's 4-column groups [2 begin, 2 end) of N rows of
 // one format (a row, or an FP8 gate/up row's two halves), lane l taking groups l, l + 32, ...,
@@ -1390,48 +1430,6 @@ __device__ __forceinline__ float dot_short_row(const Fp8Row& row, const float* x
 }
 #endif
 
-#if FP8_MMA
-// Two row groups of 8 FP8 rows, over scale blocks [b0, b1), on the tensor cores: rows g (A's
-// rows 0..7) at `lo` and rows g + 8 at `hi` (hi_rows: the warp has any; else zeros), lane
-// (g = lane / 4, q = lane % 4) holding row g's and row g + 8's pointers (k values, then the
-// scales). Per the PTX ISA's m16n8k16 .f16 fragments (a0: row g, k 2q, 2q+1; a1: row g+8, the
-// same k; a2: row g, k 2q+8, 2q+9; a3: row g+8, those k; b0: k 2q, 2q+1 of column g; b1: k 2q+8,
-// 2q+9; d0, d1: row g, columns 2q, 2q+1; d2, d3: row g+8), a lane loads its rows' 16 bytes at
-// column 16 q of a 64-column chunk, pairs 2m and 2m+1 of them feeding mma m (0..3): mma m's k
-// (2q, 2q+1, 2q+8, 2q+9) are the chunk's columns 16q + 4m + (0, 1, 2, 3), a permutation of k
-// that B follows (x at the same columns, lanes g = 0, 1: x_hi, x_lo; the other lanes copies).
-// Lanes q = 0 get y = {row g, row g + 8}: per block (d0 + d1) times the row's block scale.
-__device__ __forceinline__ void mma_tile(const uint8_t* lo, const uint8_t* hi, bool hi_rows, int k,
-                                         const float* vec, int b0, int b1, int lane, float (&y)[2]) {
-  constexpr int CHUNKS = FP8_BLOCK_COLS / MMA_COLS;
-  const int q = lane & 3, half = (lane >> 2) & 1;  // half: x_hi (0) or x_lo (1) of B's column
-  const uint8_t* x = reinterpret_cast<const uint8_t*>(vec) + half * 64 + q * 16;
-  const float* scale_lo = reinterpret_cast<const float*>(lo + k);
-  const float* scale_hi = reinterpret_cast<const float*>(hi + k);
-  y[0] = y[1] = 0.f;
-  for (int b = b0; b < b1; ++b) {
-    float d[4] = {};
-#pragma unroll
-    for (int u = 0; u < CHUNKS; ++u) {
-      const int c = b * CHUNKS + u;
-      const uint4 wl = *reinterpret_cast<const uint4*>(lo + c * MMA_COLS + q * 16);
-      const uint4 wh = hi_rows ? *reinterpret_cast<const uint4*>(hi + c * MMA_COLS + q * 16) : make_uint4(0, 0, 0, 0);
-      const uint4 x0 = *reinterpret_cast<const uint4*>(x + c * 256);
-      const uint4 x1 = *reinterpret_cast<const uint4*>(x + c * 256 + 128);
-      const uint32_t wlo[4] = {wl.x, wl.y, wl.z, wl.w}, whi[4] = {wh.x, wh.y, wh.z, wh.w};
-      const uint32_t xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        const uint32_t a[4] = {e4m3x2_to_f16x2(wlo[m] & 0xffffu), e4m3x2_to_f16x2(whi[m] & 0xffffu),
-                               e4m3x2_to_f16x2(wlo[m] >> 16), e4m3x2_to_f16x2(whi[m] >> 16)};
-        mma_f16_16816(d, a, xs[2 * m], xs[2 * m + 1]);
-      }
-    }
-    y[0] = fmaf(d[0] + d[1], scale_lo[b], y[0]);
-    y[1] = fmaf(d[2] + d[3], scale_hi[b], y[1]);
-  }
-}
-#endif
 
 // Every lane of the page's warp group arrives on the slot's `empty` barrier once it has read the
 // page, each for its own reads: compute-sanitizer's racecheck does not take a __syncwarp and
@@ -1493,32 +1491,55 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 }
 
 #if FP8_MMA
-// matvec_pages of an mma task (mma_rows; the input split by split_vector). A page's n rows are
-// tiles of two row groups of 8 (mma_tile): 16 consecutive rows, or with halves == 2 8 rows' gate
-// halves and their up halves (sharing each x load, as dot_segment_fp8_pair does). When a page
-// has fewer tiles than the group has warps, each tile's blocks are cut into segments, one per
-// warp; the segments' sums meet in s.acc (zeroed by the caller). Rows past n read row n - 1
-// (their sums are dropped); a tile without rows g + 8 skips their loads.
-__device__ __forceinline__ void mma_pages(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp,
-                                          int halves, uint32_t& consumed, int lane, int group, int gw) {
-  const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, g = lane >> 2, tile_rows = 16 / halves;
-  const float up = s.red[MMA_SCALE];
-  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
-    const int tiles = (n + tile_rows - 1) / tile_rows;
-    const int segs = min(blocks, max(1, GROUP_WARPS / tiles)), per_seg = (blocks + segs - 1) / segs;
-    for (int item = gw; item < tiles * segs; item += GROUP_WARPS) {  // warp-uniform: mma.sync
-      const int tile = item / segs, b0 = (item % segs) * per_seg;
-      // row group j's row of this lane and its half (halves == 2: j; else rows 8 j later)
-      const int row[2] = {tile * tile_rows + g, tile * tile_rows + g + (halves == 2 ? 0 : 8)};
-      const int h1 = halves == 2 ? 1 : 0;
-      const uint8_t* lo = page + min(row[0], n - 1) * rb;
-      const uint8_t* hi = page + min(row[1], n - 1) * rb + h1 * (rb / 2);
-      const bool hi_rows = halves == 2 || tile * 16 + 8 < n;
-      float y[2];
-      mma_tile(lo, hi, hi_rows, k, s.vec, b0, min(blocks, b0 + per_seg), lane, y);
-      if ((lane & 3) == 0) {
-        if (row[0] < n) atomicAdd(&s.acc[(r + row[0]) * halves], y[0] * up);
-        if (row[1] < n) atomicAdd(&s.acc[(r + row[1]) * halves + h1], y[1] * up);
+// matvec_pages of an FP8 tile task (the input staged by stage_digits): a page holds whole units.
+// The warpgroups of the page group take a unit's 128-column blocks in turn, each block 4 wgmma
+// k32 steps into D; then a thread folds its two D values of its row's own segment (row g,
+// segment j = 2 w + q / 2, digits t0 = 2 (q % 2) and t0 + 1: d[4 w + 0, 1], + 2 for q >= 2)
+// times the block's weight scale and x's digit factors into its sum y. After a tile's last unit
+// the 4 lanes of a row add theirs up and one adds the warp's into s.acc (zeroed by the caller).
+static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
+__device__ __forceinline__ int unit_cols(const int* t) { return 4 * t[F_ROW_BYTES] / 257; }  // stream_rows
+__device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
+                           int lane, int group, int gw) {
+  const int C = unit_cols(t), kseg = t[F_K] / TILE_SEGMENTS, per_tile = kseg / C;
+  const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS;
+  const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = 2 * w + q / 2;
+  const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t0), 2^(-4 (t0 + 1))
+  const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
+  const float* factor = s.vec + t[F_K];
+  float y = 0.f;
+  for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
+    for (int i = 0; i < n; ++i) {
+      const int part = (u0 + i) % per_tile;  // the unit's columns: [part C, part C + C) of every segment
+      const uint8_t* unit = page + i * rb;
+      const float* scale = reinterpret_cast<const float*>(unit + 64 * C);
+      for (int b = wg; b < blocks; b += GROUP_WARPS / 4) {
+        float d[16];
+        wgmma_fence();
+#pragma unroll
+        for (int k32 = 0; k32 < 4; ++k32) {
+          const int step = 4 * b + k32;
+          wgmma_e4m3_m64n32k32(d, smem_desc(unit + step * 2048, 1024, 128),
+                               smem_desc(xb + (part * C / 32 + step) * 2 * DIGIT_CHUNK_BYTES, DIGIT_CHUNK_BYTES, 128),
+                               k32);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        float d0, d1;
+        switch (w) {  // d[4 w + 2 (q / 2)], d[4 w + 2 (q / 2) + 1], with constant register indices
+          case 0: d0 = q < 2 ? d[0] : d[2]; d1 = q < 2 ? d[1] : d[3]; break;
+          case 1: d0 = q < 2 ? d[4] : d[6]; d1 = q < 2 ? d[5] : d[7]; break;
+          case 2: d0 = q < 2 ? d[8] : d[10]; d1 = q < 2 ? d[9] : d[11]; break;
+          default: d0 = q < 2 ? d[12] : d[14]; d1 = q < 2 ? d[13] : d[15]; break;
+        }
+        y = fmaf(scale[j * blocks + b] * factor[j * per_segment + part * blocks + b], fmaf(d0, f0, d1 * f1), y);
+      }
+      if (part == per_tile - 1) {
+        y += __shfl_xor_sync(0xffffffffu, y, 1);
+        y += __shfl_xor_sync(0xffffffffu, y, 2);
+        const int tile = (u0 + i) / per_tile, row = tile / halves * TILE_ROWS + g;
+        if (q == 0) atomicAdd(&s.acc[row * halves + tile % halves], y);
+        y = 0.f;
       }
     }
   });
@@ -1541,8 +1562,8 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
 #endif
 #if FP8_MMA
-  if (mma_rows(t)) {
-    mma_pages(p, s, t, rows, rb, rpp, halves, consumed, lane, group, gw);
+  if (t[F_W_FORMAT] == WF_FP8_TILES) {
+    tile_pages(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
     return;
   }
 #endif
@@ -1651,10 +1672,13 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const bool add = adds_residual(t);
 #endif
   const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
-  stage_vector(p, s, t, ct);  // ends with a barrier, which also covers the zeroing above
+  // staging ends with a barrier, which also covers the zeroing above
 #if FP8_MMA
-  if (mma_rows(t)) split_vector(s, t, ct);
+  if (t[F_W_FORMAT] == WF_FP8_TILES)
+    stage_digits(p, s, t, ct);
+  else
 #endif
+    stage_vector(p, s, t, ct);
   matvec_pages(p, s, t, rows, rb, rpp, k8, halves, consumed, lane, group, gw);
   compute_sync();
   float* out = p.act + t[F_OUT];

@@ -49,7 +49,7 @@ FFN_FIELDS = ("fixed_in", "fixed_res", "fixed_out")
 # apart); -1: no exchange (passes/synchronization.py).
 TP_FIELDS = ("xchg", "xchg_buf", "xchg_stride")
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
-WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1}  # decode.cuh: WeightFormat
+WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1, "fp8_e4m3_tiles": 2}  # decode.cuh: WeightFormat
 FIELDS = (
     "opcode",
     "epilogue",
@@ -195,7 +195,7 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
                 cols: tuple[str, ...] | None = None) -> list[int]:
     """One task's row; `encode` passes `counters` (counter_index) and `cols` (fields) so that
     they are not derived again for every task."""
-    from tilertc.passes.tiling import ROUTED, row_bytes
+    from tilertc.passes.tiling import ROUTED, is_tiled, stream_row_bytes
 
     op = program.graph.op(t.op)
     cols = cols or fields(program)
@@ -222,8 +222,9 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
             epilogue=EPILOGUES[a.get("epilogue", "silu_mul" if t.opcode == "moe_gate_up"
                                      else "none")],
             k=a["K"],
-            row_bytes=row_bytes(program, op),
-            w_format=WEIGHT_FORMATS[program.graph.tensors[weight].dtype],
+            row_bytes=stream_row_bytes(program, op),
+            w_format=WEIGHT_FORMATS["fp8_e4m3_tiles" if is_tiled(program, op)
+                                    else program.graph.tensors[weight].dtype],
             w_lo=_low_bits(t.weight_offset // 16),
             w_hi=(t.weight_offset // 16) >> 32,
             # a norm_matvec may read a part of a concatenated output (MLA's q_b: the q_a part)
