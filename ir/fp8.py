@@ -104,17 +104,21 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 # share one 128-row scale block).
 TILE_ROWS = 8
 TILE_SEGMENTS = 8
-TILE_UNIT_MAX_COLS = 1024
+TILE_UNIT_MAX_COLS = 512
 
 
 def tile_unit_cols(k: int, block_cols: int = 128) -> int | None:
-    """C, the columns of a unit of a tiled row of k columns: the largest multiple of the scale
-    block, at most TILE_UNIT_MAX_COLS, that divides a segment (k / 8); None when a segment is
-    not whole blocks."""
+    """C, the columns of a unit of a tiled row of k columns: the largest power-of-two number of
+    scale blocks, at most TILE_UNIT_MAX_COLS columns, that divides a segment (k / 8); None when
+    a segment is not whole blocks. Units of 1, 2 or 4 blocks (8224, 16448 or 32896 B) fill a
+    ring page of 8 x 8224 B exactly (passes/residency.py)."""
     seg = k // TILE_SEGMENTS
     if k % TILE_SEGMENTS or seg % block_cols:
         return None
-    return max(c for c in range(block_cols, TILE_UNIT_MAX_COLS + 1, block_cols) if seg % c == 0)
+    cols = block_cols
+    while 2 * cols <= TILE_UNIT_MAX_COLS and seg % (2 * cols) == 0:
+        cols *= 2
+    return cols
 
 
 def tile_unit_bytes(cols: int, block_cols: int = 128) -> int:

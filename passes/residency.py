@@ -24,6 +24,7 @@ Decides:
 
 from __future__ import annotations
 
+from tilertc.ir.fp8 import TILE_UNIT_MAX_COLS, tile_unit_bytes
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
@@ -168,6 +169,9 @@ def place(program: Program) -> Program:
             f"the {act_smem} B input vector"
         )
     page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
+    if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units of any size
+        unit = tile_unit_bytes(TILE_UNIT_MAX_COLS)
+        page = -(-page // unit) * unit
     page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
     pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9

@@ -341,7 +341,7 @@ static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
 struct ThreadIdx {
   int x;
 };
-#define threadIdx (ThreadIdx{tl_ct + 32})  // compute thread ct is the CTA's thread ct + 32
+#define threadIdx (ThreadIdx{tl_ct})  // compute thread ct is the CTA's thread ct
 
 #include "kernel_extract.inc"
 

@@ -30,9 +30,9 @@ from tilertc.passes.tiling import is_tiled
 
 MMA = {"fp8_mma": True}
 # dims whose projections tile (K a multiple of 8 x 128: hidden, the heads' width and the
-# intermediate size), with 4 heads of 256 (o_proj's K = 1024) and a 2048-wide MLP (down's
-# segments of 256 columns: units of 256)
-WIDE = {"hidden_size": 1024, "intermediate_size": 2048, "head_dim": 256}
+# intermediate size), with 4 heads of 256 (o_proj's K = 1024) and a 3072-wide MLP (down's
+# segments of 384 columns: 3 units of 128 per tile)
+WIDE = {"hidden_size": 1024, "intermediate_size": 3072, "head_dim": 256}
 
 
 def tiled_tasks(program: Program) -> set[tuple[str, int]]:
@@ -97,17 +97,17 @@ def test_tiles_are_whole_and_only_where_they_fit() -> None:
 
 
 def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it() -> None:
-    """Before: 16 rows of k = 16384 e4m3 values and their per-block scales. After: 2 tiles of
-    2 units (segments of 2048 columns, units of C = 1024), the value of row r, column
+    """Before: 16 rows of k = 8192 e4m3 values and their per-block scales. After: 2 tiles of
+    2 units (segments of 1024 columns, units of C = 512), the value of row r, column
     j k / 8 + p C + c at (c / 32) 2048 + (c % 32 / 16) 1024 + j 128 + r 16 + c % 16 of unit p
     of its tile, then the unit's scales, segment j's block b at j C / 128 + b."""
     gen = torch.Generator().manual_seed(7)
-    n, k = 16, 16384
+    n, k = 16, 8192
     values = (torch.randn(n, k, generator=gen) * 50).to(torch.float8_e4m3fn)
     scales = torch.rand(n // 8, k // 128, generator=gen).repeat_interleave(8, 0)
     cols, seg = tile_unit_cols(k), k // 8
     unit = tile_unit_bytes(cols)
-    assert cols == 1024 and unit == 64 * 1024 + 4 * 8 * 8
+    assert cols == 512 and unit == 64 * 512 + 4 * 8 * 4
     packed = pack_tiles(values, scales).reshape(n // 8, 2, unit)
     raw = values.view(torch.uint8)
     for tile in range(n // 8):
@@ -129,11 +129,11 @@ PARTS = ("attn_out", "x.attn", "x.ffn")
 DIGITS_REL = 5e-4
 DENSE = {("norm_matvec", 1), ("norm_matvec", 2), ("matvec_add", 1)}
 # (spec, overrides, target, tasks on the tensor cores): the dense spec on the H200 (tasks of
-# one or two tiles) and on 64 SMs (tasks of several tiles: a gate/up task's 8 tiles on two
-# pages of 7 units and 1)
+# a few tiles) and on 48 SMs (tasks of more: a gate/up task's 16 units on 2 pages, a down
+# task's 2 or 3 tiles of 3 units)
 STEPS = [
     ("llama-tiny", WIDE, "h200", DENSE),
-    ("llama-tiny", WIDE, small("h200-64", 64), DENSE),
+    ("llama-tiny", WIDE, small("h200-48", 48), DENSE),
 ]
 
 

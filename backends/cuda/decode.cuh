@@ -607,7 +607,7 @@ drain:
 // Thread 0 of compute acquires; the barrier then publishes what it saw to the other warps.
 __device__ bool wait_counter(const Params& p, int counter, unsigned target, int task) {
   bool ok = true;
-  if (threadIdx.x == 32) ok = acquire(p, counter, target, task, nullptr);
+  if (threadIdx.x == 0) ok = acquire(p, counter, target, task, nullptr);
   return ok;
 }
 
@@ -620,7 +620,7 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
     const long long want = static_cast<long long>(n) * (step + 1 - lag);
     if (want > 0) ok = wait_counter(p, c, static_cast<unsigned>(want), task) && ok;
   }
-  if (threadIdx.x == 32) s.flags[2] = ok;
+  if (threadIdx.x == 0) s.flags[2] = ok;
   compute_sync();
   return s.flags[2];
 }
@@ -629,7 +629,7 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
 // release is cumulative, so no separate fence is needed. The release still waits for those
 // writes to reach L2 (a round trip); it is made by a thread of the second warp, so that the
 // first warp's thread 0 starts acquiring the next task's counters meanwhile.
-constexpr int SIGNAL_THREAD = 32 + (COMPUTE_WARPS > 1 ? 32 : 0);
+constexpr int SIGNAL_THREAD = COMPUTE_WARPS > 1 ? 32 : 0;
 __device__ void signal_done(const Params& p, const int* t) {
   compute_sync();
   if (threadIdx.x == SIGNAL_THREAD) red_release(&p.counters[t[F_SIGNAL]], 1);
@@ -1007,8 +1007,8 @@ __device__ void exchange_arrive(const Params& p, const int* t) {
 // exchange counter; false when the kernel is failing.
 __device__ bool exchange_await(const Params& p, Shared& s, const int* t, long long step, int task) {
   bool ok = true;
-  if (threadIdx.x == 32) ok = acquire<true>(p, t[F_XCHG], static_cast<unsigned>(TP * (step + 1)), task, nullptr);
-  if (threadIdx.x == 32) s.flags[2] = ok;
+  if (threadIdx.x == 0) ok = acquire<true>(p, t[F_XCHG], static_cast<unsigned>(TP * (step + 1)), task, nullptr);
+  if (threadIdx.x == 0) s.flags[2] = ok;
   compute_sync();
   return s.flags[2];
 }
@@ -1492,11 +1492,12 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 
 #if FP8_MMA
 // matvec_pages of an FP8 tile task (the input staged by stage_digits): a page holds whole units.
-// The warpgroups of the page group take a unit's 128-column blocks in turn, each block 4 wgmma
-// k32 steps into D; then a thread folds its two D values of its row's own segment (row g,
-// segment j = 2 w + q / 2, digits t0 = 2 (q % 2) and t0 + 1: d[4 w + 0, 1], + 2 for q >= 2)
-// times the block's weight scale and x's digit factors into its sum y. After a tile's last unit
-// the 4 lanes of a row add theirs up and one adds the warp's into s.acc (zeroed by the caller).
+// The warpgroups of the page group take the page's (unit, 128-column block) items in turn, an
+// item 4 wgmma k32 steps into D; then a thread folds its two D values of its row's own segment
+// (row g, segment j = 2 w + q / 2, digits t0 = 2 (q % 2) and t0 + 1: d[4 w + 0, 1], + 2 for
+// q >= 2) times the block's weight scale and x's digit factors into its sum y of the tile. When
+// its next item is another tile's, and at the end of the page, the 4 lanes of a row add up
+// theirs and one adds the warp's into s.acc (zeroed by the caller).
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
 __device__ __forceinline__ int unit_cols(const int* t) { return 4 * t[F_ROW_BYTES] / 257; }  // stream_rows
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
@@ -1507,41 +1508,44 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t0), 2^(-4 (t0 + 1))
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
   const float* factor = s.vec + t[F_K];
-  float y = 0.f;
+  const auto flush = [&](int tile, float& y) {  // warp-uniform
+    y += __shfl_xor_sync(0xffffffffu, y, 1);
+    y += __shfl_xor_sync(0xffffffffu, y, 2);
+    if (q == 0) atomicAdd(&s.acc[(tile / halves * TILE_ROWS + g) * halves + tile % halves], y);
+    y = 0.f;
+  };
   for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
-    for (int i = 0; i < n; ++i) {
-      const int part = (u0 + i) % per_tile;  // the unit's columns: [part C, part C + C) of every segment
-      const uint8_t* unit = page + i * rb;
-      const float* scale = reinterpret_cast<const float*>(unit + 64 * C);
-      for (int b = wg; b < blocks; b += GROUP_WARPS / 4) {
-        float d[16];
-        wgmma_fence();
+    float y = 0.f;
+    int tile = -1;
+    for (int item = wg; item < n * blocks; item += GROUP_WARPS / 4) {
+      const int i = item / blocks, b = item % blocks, part = (u0 + i) % per_tile;
+      if ((u0 + i) / per_tile != tile) {
+        if (tile >= 0) flush(tile, y);
+        tile = (u0 + i) / per_tile;
+      }
+      const uint8_t* unit = page + i * rb;  // columns [part C, part C + C) of every segment
+      float d[16];
+      wgmma_fence();
 #pragma unroll
-        for (int k32 = 0; k32 < 4; ++k32) {
-          const int step = 4 * b + k32;
-          wgmma_e4m3_m64n32k32(d, smem_desc(unit + step * 2048, 1024, 128),
-                               smem_desc(xb + (part * C / 32 + step) * 2 * DIGIT_CHUNK_BYTES, DIGIT_CHUNK_BYTES, 128),
-                               k32);
-        }
-        wgmma_commit();
-        wgmma_wait_all();
-        float d0, d1;
-        switch (w) {  // d[4 w + 2 (q / 2)], d[4 w + 2 (q / 2) + 1], with constant register indices
-          case 0: d0 = q < 2 ? d[0] : d[2]; d1 = q < 2 ? d[1] : d[3]; break;
-          case 1: d0 = q < 2 ? d[4] : d[6]; d1 = q < 2 ? d[5] : d[7]; break;
-          case 2: d0 = q < 2 ? d[8] : d[10]; d1 = q < 2 ? d[9] : d[11]; break;
-          default: d0 = q < 2 ? d[12] : d[14]; d1 = q < 2 ? d[13] : d[15]; break;
-        }
-        y = fmaf(scale[j * blocks + b] * factor[j * per_segment + part * blocks + b], fmaf(d0, f0, d1 * f1), y);
+      for (int k32 = 0; k32 < 4; ++k32) {
+        const int step = 4 * b + k32;
+        wgmma_e4m3_m64n32k32(d, smem_desc(unit + step * 2048, 1024, 128),
+                             smem_desc(xb + (part * C / 32 + step) * 2 * DIGIT_CHUNK_BYTES, DIGIT_CHUNK_BYTES, 128),
+                             k32);
       }
-      if (part == per_tile - 1) {
-        y += __shfl_xor_sync(0xffffffffu, y, 1);
-        y += __shfl_xor_sync(0xffffffffu, y, 2);
-        const int tile = (u0 + i) / per_tile, row = tile / halves * TILE_ROWS + g;
-        if (q == 0) atomicAdd(&s.acc[row * halves + tile % halves], y);
-        y = 0.f;
+      wgmma_commit();
+      wgmma_wait_all();
+      float d0, d1;
+      switch (w) {  // d[4 w + 2 (q / 2)], d[4 w + 2 (q / 2) + 1], with constant register indices
+        case 0: d0 = q < 2 ? d[0] : d[2]; d1 = q < 2 ? d[1] : d[3]; break;
+        case 1: d0 = q < 2 ? d[4] : d[6]; d1 = q < 2 ? d[5] : d[7]; break;
+        case 2: d0 = q < 2 ? d[8] : d[10]; d1 = q < 2 ? d[9] : d[11]; break;
+        default: d0 = q < 2 ? d[12] : d[14]; d1 = q < 2 ? d[13] : d[15]; break;
       }
+      const float* scale = reinterpret_cast<const float*>(unit + 64 * C);
+      y = fmaf(scale[j * blocks + b] * factor[j * per_segment + part * blocks + b], fmaf(d0, f0, d1 * f1), y);
     }
+    if (tile >= 0) flush(tile, y);
   });
 }
 #endif
@@ -2970,7 +2974,7 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 __device__ void run_compute(const Params& p, Shared& s) {
-  const int ct = threadIdx.x - 32;
+  const int ct = threadIdx.x;
   uint32_t consumed = 0;
   bool ok = true;
   // The stream's bounds and the sampler's counter are read per step, not held in registers
@@ -3066,7 +3070,8 @@ extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
-  if (threadIdx.x < 32)
+  // The loader is the last warp, so that the compute warps are whole warpgroups (wgmma).
+  if (threadIdx.x >= COMPUTE_WARPS * 32)
     run_loader(p, s);
   else
     run_compute(p, s);
