@@ -1212,10 +1212,10 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, per_segment = blocks / TILE_SEGMENTS;
   const int warp = ct >> 5, lane = ct & 31;
   const bool norm = normed(t);
-  const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
-  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
-  uint8_t* b = reinterpret_cast<uint8_t*>(s.vec);
-  float* factor = s.vec + k;
+  const float4* __restrict__ x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
+  uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
+  float* __restrict__ factor = s.vec + k;
   float ss = 0.f;
   for (int blk = warp; blk < blocks; blk += COMPUTE_WARPS) {
     const int i = blk * (FP8_BLOCK_COLS / 4) + lane;
@@ -1228,15 +1228,13 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     const int E = block_exponent(warp_max(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)))));
     uint32_t words[TILE_DIGITS];
     digit_words(a, E, words);
-    // the lane's 4 columns: segment j, its chunk of 16 columns; the 8 chunks of a warp's store
-    // take their digits in turn, so that a store hits 16 banks twice instead of 4 banks 8 times
+    // the lane's 4 columns: segment j, its chunk of 16 columns (a store's 8 chunks share banks:
+    // 8 wavefronts, a few cycles against the L2 round trip of the load; choosing each lane's
+    // digit by its chunk to spread them compiled to branches)
     const int j = blk / per_segment, chunk = blk % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
     uint8_t* at = b + chunk * DIGIT_CHUNK_BYTES + 16 * TILE_DIGITS * j + 4 * (lane & 3);
 #pragma unroll
-    for (int n = 0; n < TILE_DIGITS; ++n) {
-      const int d = (n + lane / 4) % TILE_DIGITS;
-      *reinterpret_cast<uint32_t*>(at + 16 * d) = d == 0 ? words[0] : d == 1 ? words[1] : d == 2 ? words[2] : words[3];
-    }
+    for (int n = 0; n < TILE_DIGITS; ++n) *reinterpret_cast<uint32_t*>(at + 16 * n) = words[n];
     if (lane == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
