@@ -5,6 +5,9 @@ Decides the tile of each task. A matrix-vector op of R output rows (`norm_matvec
 min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
+With the `fp8_mma` knob a dense FP8 projection whose shape fits is cut in whole tiles of 8 rows
+(the tensor cores' operand: `_fp8_tiles_fit`, `ir/fp8.py: pack_tiles`) and its weights marked
+`tiled`.
 Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
