@@ -104,14 +104,14 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 # share one 128-row scale block).
 TILE_ROWS = 8
 TILE_SEGMENTS = 8
-TILE_UNIT_MAX_COLS = 512
+TILE_UNIT_MAX_COLS = 256
 
 
 def tile_unit_cols(k: int, block_cols: int = 128) -> int | None:
     """C, the columns of a unit of a tiled row of k columns: the largest power-of-two number of
     scale blocks, at most TILE_UNIT_MAX_COLS columns, that divides a segment (k / 8); None when
-    a segment is not whole blocks. Units of 1, 2 or 4 blocks (8224, 16448 or 32896 B) fill a
-    ring page of 8 x 8224 B exactly (passes/residency.py)."""
+    a segment is not whole blocks. Units of 1 or 2 blocks (8224 or 16448 B) fill ring pages of
+    any multiple of 16448 B (passes/residency.py)."""
     seg = k // TILE_SEGMENTS
     if k % TILE_SEGMENTS or seg % block_cols:
         return None

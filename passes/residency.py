@@ -169,9 +169,9 @@ def place(program: Program) -> Program:
             f"the {act_smem} B input vector"
         )
     page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
-    if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units of any size
+    if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units, any size
         unit = tile_unit_bytes(TILE_UNIT_MAX_COLS)
-        page = -(-page // unit) * unit
+        page = max(unit, round(page / unit) * unit)
     page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
     pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
