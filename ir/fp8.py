@@ -96,54 +96,62 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 
 # FP8 tiles (decode.cuh: tile_pages): the layout in which the kernel's tensor cores (wgmma,
-# e4m3) read a projection's weights. A tile is TILE_ROWS consecutive rows of one weight, each
-# row cut into TILE_SEGMENTS segments of k / 8 columns; segment j of row r is row m = 8 j + r of
-# a 64-row operand. It is streamed as units of C columns of every segment: the unit's 64 x C
-# values as 8x16-byte core matrices (column c of row m at tile_offset(m, c)), then its
-# TILE_SEGMENTS x C / 128 fp32 block scales (segment j's block b at j C / 128 + b; the 8 rows
-# share one 128-row scale block).
-TILE_ROWS = 8
-TILE_SEGMENTS = 8
+# e4m3) read a projection's weights. A row of k columns is cut into S segments (S = 8 when k is
+# a multiple of 1024, else 4: segments of whole 128-column blocks), and a tile is 64 / S
+# consecutive rows of one weight, so that segment j of row r is row m = (64 / S) j + r of a
+# 64-row operand. A tile is streamed as units of C columns of every segment: the unit's 64 x C
+# values as 8x16-byte core matrices (column c of row m at (c / 32) 2048 + (c % 32 / 16) 1024 +
+# m 16 + c % 16), then its S x C / 128 fp32 block scales (segment j's block b at j C / 128 + b;
+# the tile's rows share one 128-row scale block).
 TILE_UNIT_MAX_COLS = 256
+TILE_M = 64  # rows of the tensor cores' operand: a tile's rows x its segments
+
+
+def tile_segments(k: int) -> int | None:
+    """S, the segments of a tiled row of k columns (decode.cuh: tile_segments); None when k
+    does not cut into 4 segments of whole 128-column blocks."""
+    return 8 if k % 1024 == 0 else 4 if k % 512 == 0 else None
+
+
+def tile_rows(k: int) -> int:
+    """The rows of a tile of a weight of k columns: 64 / S."""
+    return TILE_M // tile_segments(k)
 
 
 def tile_unit_cols(k: int, block_cols: int = 128) -> int | None:
-    """C, the columns of a unit of a tiled row of k columns: the largest power-of-two number of
-    scale blocks, at most TILE_UNIT_MAX_COLS columns, that divides a segment (k / 8); None when
-    a segment is not whole blocks. Units of 1 or 2 blocks (8224 or 16448 B) fill ring pages of
-    any multiple of 16448 B (passes/residency.py)."""
-    seg = k // TILE_SEGMENTS
-    if k % TILE_SEGMENTS or seg % block_cols:
+    """C, the columns of a unit of a tiled row of k columns: 256 if it divides a segment, else
+    128; None when k does not tile. Units of 1 or 2 blocks fill ring pages of any multiple of
+    16448 B (passes/residency.py) to within 128 B."""
+    segments = tile_segments(k)
+    if segments is None or block_cols != 128:
         return None
-    cols = block_cols
-    while 2 * cols <= TILE_UNIT_MAX_COLS and seg % (2 * cols) == 0:
-        cols *= 2
-    return cols
+    return TILE_UNIT_MAX_COLS if (k // segments) % TILE_UNIT_MAX_COLS == 0 else block_cols
 
 
-def tile_unit_bytes(cols: int, block_cols: int = 128) -> int:
-    """Bytes of a unit of C columns: 64 C e4m3 values, then 8 C / 128 fp32 scales."""
-    return TILE_ROWS * TILE_SEGMENTS * cols + 4 * TILE_SEGMENTS * cols // block_cols
+def tile_unit_bytes(k: int, block_cols: int = 128) -> int:
+    """Bytes of a unit of a tiled row of k columns: 64 C e4m3 values, then S C / 128 fp32
+    scales."""
+    cols, segments = tile_unit_cols(k, block_cols), tile_segments(k)
+    return TILE_M * cols + 4 * segments * cols // block_cols
 
 
 def tiled_row_bytes(k: int, block_cols: int = 128) -> int:
-    """Bytes per row of a tiled weight of k columns: a tile's units over its 8 rows."""
-    cols = tile_unit_cols(k, block_cols)
-    return k // TILE_SEGMENTS // cols * tile_unit_bytes(cols, block_cols) // TILE_ROWS
+    """Bytes per row of a tiled weight of k columns: a tile's units over its rows."""
+    units = k // tile_segments(k) // tile_unit_cols(k, block_cols)
+    return units * tile_unit_bytes(k, block_cols) // tile_rows(k)
 
 
 def pack_tiles(values: torch.Tensor, scales: torch.Tensor, block_cols: int = 128) -> torch.Tensor:
-    """e4m3 rows [n, k] (n a multiple of 8) with their row scales [n, k / block_cols] as
-    tiles: uint8 [n / 8, k / 8 / C units x tile_unit_bytes(C)], each tile's units in order."""
+    """e4m3 rows [n, k] (n a multiple of the tile's rows) with their row scales [n, k /
+    block_cols] as tiles: uint8 [tiles, units x tile_unit_bytes(k)], each tile's units in
+    order."""
     n, k = values.shape
-    cols = tile_unit_cols(k, block_cols)
-    parts = k // TILE_SEGMENTS // cols
+    cols, segments, rows = tile_unit_cols(k, block_cols), tile_segments(k), tile_rows(k)
+    parts, tiles = k // segments // cols, n // rows
     # [tile, r, j, part, c32, half, byte] -> [tile, part, c32, half, j, r, byte]: the 16-byte row
-    # pieces of core matrices, k32 steps 2048 B apart, their halves 1024, segments 128, rows 16
-    v = values.view(torch.uint8).reshape(n // TILE_ROWS, TILE_ROWS, TILE_SEGMENTS, parts,
-                                         cols // 32, 2, 16)
-    v = v.permute(0, 3, 4, 5, 2, 1, 6).reshape(n // TILE_ROWS, parts, -1)
-    blocks = cols // block_cols
-    s = scales.float()[::TILE_ROWS].reshape(n // TILE_ROWS, TILE_SEGMENTS, parts, blocks)
-    s = s.permute(0, 2, 1, 3).contiguous().view(torch.uint8).reshape(n // TILE_ROWS, parts, -1)
-    return torch.cat([v, s.to(v.device)], 2).reshape(n // TILE_ROWS, -1)
+    # pieces of core matrices, k32 steps 2048 B apart, their halves 1024, operand rows m 16
+    v = values.view(torch.uint8).reshape(tiles, rows, segments, parts, cols // 32, 2, 16)
+    v = v.permute(0, 3, 4, 5, 2, 1, 6).reshape(tiles, parts, -1)
+    s = scales.float()[::rows].reshape(tiles, segments, parts, cols // block_cols)
+    s = s.permute(0, 2, 1, 3).contiguous().view(torch.uint8).reshape(tiles, parts, -1)
+    return torch.cat([v, s.to(v.device)], 2).reshape(tiles, -1)

@@ -24,7 +24,7 @@ Decides:
 
 from __future__ import annotations
 
-from tilertc.ir.fp8 import TILE_UNIT_MAX_COLS, tile_unit_bytes
+from tilertc.ir.fp8 import tile_unit_bytes
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
@@ -170,7 +170,7 @@ def place(program: Program) -> Program:
         )
     page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
     if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units, any size
-        unit = tile_unit_bytes(TILE_UNIT_MAX_COLS)
+        unit = tile_unit_bytes(8 * 1024)  # the largest: 8 segments of 256-column units
         page = max(unit, round(page / unit) * unit)
     page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
     pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit

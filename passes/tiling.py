@@ -6,8 +6,8 @@ min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one t
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
 With the `fp8_mma` knob a dense FP8 projection whose shape fits is cut in whole tiles of 8 rows
-(the tensor cores' operand: `_fp8_tiles_fit`, `ir/fp8.py: pack_tiles`) and its weights marked
-`tiled`.
+(16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
+`ir/fp8.py: pack_tiles`) and its weights marked `tiled`.
 Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
@@ -40,8 +40,8 @@ slice as `hidden` rows of the slice's width, so every SM streams the same bytes.
 from __future__ import annotations
 
 from tilertc.ir.fp8 import (
-    TILE_ROWS,
     packed_row_bytes,
+    tile_rows,
     tile_unit_bytes,
     tile_unit_cols,
     tiled_row_bytes,
@@ -112,15 +112,17 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
     """Whether the FP8 weights of `op` stream as tiles for the tensor cores (the `fp8_mma`
     knob; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection (`norm_matvec`,
     `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows in whole tiles
-    of 8 (which then never straddle a scale block's rows), and whose segments (K / 8) are whole
-    blocks. Routed experts, MLA's head rows and other shapes keep their rows."""
+    (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of 1024; they then never
+    straddle a scale block's rows), and whose K cuts into segments of whole blocks. Routed
+    experts, MLA's head rows and other shapes keep their rows."""
     if (not program.config["tuning"].get("fp8_mma") or program.tp > 1
             or op.opcode not in ("norm_matvec", "matvec_add")):
         return False
     ws = [program.graph.tensors[w] for w in _weights(op)]
-    return all("scale_inv" in w.attrs and "scale_cols" not in w.attrs and w.attrs["block"][1] == 128
-               and w.attrs["block"][0] % TILE_ROWS == 0 and w.shape[0] % TILE_ROWS == 0
-               for w in ws) and tile_unit_cols(op.attrs["K"]) is not None
+    k = op.attrs["K"]
+    return tile_unit_cols(k) is not None and all(
+        "scale_inv" in w.attrs and "scale_cols" not in w.attrs and w.attrs["block"][1] == 128
+        and w.attrs["block"][0] % tile_rows(k) == 0 and w.shape[0] % tile_rows(k) == 0 for w in ws)
 
 
 def is_tiled(program: Program, op) -> bool:
@@ -132,7 +134,7 @@ def stream_row_bytes(program: Program, op) -> int:
     """Bytes of what a ring page holds whole of a matrix-vector op: a row, or a tiled op's
     unit (decode.cuh: stream_rows)."""
     if is_tiled(program, op):
-        return tile_unit_bytes(tile_unit_cols(op.attrs["K"]))
+        return tile_unit_bytes(op.attrs["K"])
     return row_bytes(program, op)
 
 
@@ -175,7 +177,8 @@ def _tile_rows(program: Program, op) -> None:
     tiled = _fp8_tiles_fit(program, op)
     for w in _weights(op) if tiled else ():
         program.graph.tensors[w].attrs["tiled"] = True
-    rows, rb, quantum = op.attrs["rows"], row_bytes(program, op), TILE_ROWS if tiled else 1
+    rows, rb = op.attrs["rows"], row_bytes(program, op)
+    quantum = tile_rows(op.attrs["K"]) if tiled else 1
     n = min(rows // quantum, program.target.num_sms)
     bounds = [quantum * b for b in _bounds(rows // quantum, n)]
     for i in range(n):
@@ -187,7 +190,7 @@ def _tile_rows(program: Program, op) -> None:
                         "bytes_per_task": max(sizes) * rb}
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{min(sizes)}-{max(sizes)} rows" + (
-                       f", FP8 tiles of {TILE_ROWS} rows for the tensor cores (units of "
+                       f", FP8 tiles of {quantum} rows for the tensor cores (units of "
                        f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else ""))
 
 

@@ -296,7 +296,7 @@ template <float (*value)(uint16_t)> static void mma_16816(float (&d)[4], const u
 }
 #endif
 #if FP8_MMA
-// The tensor cores' wgmma (decode.cuh: smem_desc, wgmma_e4m3_m64n32k32 and its fences, inline
+// The tensor cores' wgmma (decode.cuh: smem_desc, Wgmma<N>::mma and its fences, inline
 // PTX there). A descriptor here is the operand's host address with lbo / 16 and sbo / 16 above
 // it (user-space addresses fit in 48 bits). Each thread computes its own D elements from shared
 // memory at the call, as the PTX ISA lays out the operands (K-major core matrices: element
@@ -311,15 +311,17 @@ static inline float operand_e4m3(uint64_t desc, int row, int k) {
   const int lbo = static_cast<int>((desc >> 48) & 0xff) << 4, sbo = static_cast<int>(desc >> 56) << 4;
   return e4m3_value(base[k / 16 * lbo + row / 8 * sbo + row % 8 * 16 + k % 16]);
 }
-static void wgmma_e4m3_m64n32k32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
-  const int w = (tl_ct >> 5) & 3, g = (tl_ct & 31) / 4, q = tl_ct & 3;
-  for (int i = 0; i < 16; ++i) {
-    const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
-    double sum = accumulate ? d[i] : 0.0;
-    for (int k = 0; k < 32; ++k) sum += static_cast<double>(operand_e4m3(a, row, k)) * operand_e4m3(b, col, k);
-    d[i] = static_cast<float>(sum);
+template <int N> struct Wgmma {  // m64nNk32, e4m3 in, f32 out
+  static void mma(float (&d)[N / 2], uint64_t a, uint64_t b, int accumulate) {
+    const int w = (tl_ct >> 5) & 3, g = (tl_ct & 31) / 4, q = tl_ct & 3;
+    for (int i = 0; i < N / 2; ++i) {
+      const int row = 16 * w + g + 8 * (i % 4 / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+      double sum = accumulate ? d[i] : 0.0;
+      for (int k = 0; k < 32; ++k) sum += static_cast<double>(operand_e4m3(a, row, k)) * operand_e4m3(b, col, k);
+      d[i] = static_cast<float>(sum);
+    }
   }
-}
+};
 static inline void wgmma_fence() {}
 static inline void wgmma_commit() {}
 static inline void wgmma_wait_all() {}

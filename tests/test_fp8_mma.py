@@ -22,7 +22,7 @@ from test_mla_kernel import assert_step_matches, random_host_step, small
 import tilertc
 from tilertc.backends.cuda import codegen, encode
 from tilertc.driver import CompileOptions, compile
-from tilertc.ir.fp8 import TILE_ROWS, pack_tiles, tile_unit_bytes, tile_unit_cols
+from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_unit_bytes, tile_unit_cols
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
@@ -33,16 +33,20 @@ MMA = {"fp8_mma": True}
 # intermediate size), with 4 heads of 256 (o_proj's K = 1024) and a 3072-wide MLP (down's
 # segments of 384 columns: 3 units of 128 per tile)
 WIDE = {"hidden_size": 1024, "intermediate_size": 3072, "head_dim": 256}
+# the same with K = 1536 (hidden and intermediate): qkv, gate/up and down as tiles of 16 rows x
+# 4 segments (o_proj's K = 1024: 8 x 8)
+WIDE4 = {"hidden_size": 1536, "intermediate_size": 1536, "head_dim": 256}
 
 
-def tiled_tasks(program: Program) -> set[tuple[str, int]]:
-    """(opcode, halves) of the tasks the kernel runs on the tensor cores (w_format
+def tiled_tasks(program: Program) -> set[tuple[str, int, int]]:
+    """(opcode, halves, segments) of the tasks the kernel runs on the tensor cores (w_format
     fp8_e4m3_tiles)."""
     names = encode.fields(program)
     col = {n: i for i, n in enumerate(names)}
     opcode = {v: k for k, v in encode.OPCODES.items()}
     return {(opcode[int(row[col["opcode"]])],
-             2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1)
+             2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1,
+             8 if int(row[col["k"]]) % 1024 == 0 else 4)
             for row in encode.encode(program)[0]
             if int(row[col["w_format"]]) == encode.WEIGHT_FORMATS["fp8_e4m3_tiles"]}
 
@@ -91,35 +95,40 @@ def test_tiles_are_whole_and_only_where_they_fit() -> None:
     program = make_program(spec, tuning=MMA)
     tiled = [t for t in program.tasks if is_tiled(program, program.graph.op(t.op))]
     assert {t.opcode for t in tiled} == {"norm_matvec", "matvec_add"}
-    assert all(r % TILE_ROWS == 0 for t in tiled for r in t.rows)
-    assert tiled_tasks(program) == {("norm_matvec", 1), ("matvec_add", 1)}  # MoE: no dense gate/up
+    assert all(r % tile_rows(1024) == 0 for t in tiled for r in t.rows)
+    assert tiled_tasks(program) == {("norm_matvec", 1, 8), ("matvec_add", 1, 8)}  # no dense MLP
     assert not tiled_tasks(make_program(spec))
 
 
-def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it() -> None:
-    """Before: 16 rows of k = 4096 e4m3 values and their per-block scales. After: 2 tiles of
-    2 units (segments of 512 columns, units of C = 256), the value of row r, column
-    j k / 8 + p C + c at (c / 32) 2048 + (c % 32 / 16) 1024 + j 128 + r 16 + c % 16 of unit p
-    of its tile, then the unit's scales, segment j's block b at j C / 128 + b."""
+@pytest.mark.parametrize(("k", "segments", "cols", "parts"), [(4096, 8, 256, 2), (1536, 4, 128, 3)])
+def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it(
+        k: int, segments: int, cols: int, parts: int) -> None:
+    """Before: 2 tiles of rows (R = 64 / S of them) of k e4m3 values and their per-block
+    scales. After: each tile's units (C columns of each of its S segments), the value of row r,
+    column j k / S + p C + c at (c / 32) 2048 + (c % 32 / 16) 1024 + (R j + r) 16 + c % 16 of
+    unit p of its tile, then the unit's scales, segment j's block b at j C / 128 + b."""
     gen = torch.Generator().manual_seed(7)
-    n, k = 16, 4096
+    rows = tile_rows(k)
+    n, seg = 2 * rows, k // segments
     values = (torch.randn(n, k, generator=gen) * 50).to(torch.float8_e4m3fn)
-    scales = torch.rand(n // 8, k // 128, generator=gen).repeat_interleave(8, 0)
-    cols, seg = tile_unit_cols(k), k // 8
-    unit = tile_unit_bytes(cols)
-    assert cols == 256 and unit == 64 * 256 + 4 * 8 * 2
-    packed = pack_tiles(values, scales).reshape(n // 8, 2, unit)
+    scales = torch.rand(2, k // 128, generator=gen).repeat_interleave(rows, 0)
+    unit = tile_unit_bytes(k)
+    assert rows * segments == 64 and tile_unit_cols(k) == cols
+    assert unit == 64 * cols + 4 * segments * cols // 128
+    packed = pack_tiles(values, scales).reshape(2, parts, unit)
     raw = values.view(torch.uint8)
-    for tile in range(n // 8):
-        for part in range(2):
+    for tile in range(2):
+        for part in range(parts):
             got = packed[tile, part]
-            for r in range(8):
-                for j in range(8):
+            for r in range(rows):
+                for j in range(segments):
                     for c in range(r + j, cols, 37):
-                        at = (c // 32) * 2048 + (c % 32 // 16) * 1024 + j * 128 + r * 16 + c % 16
-                        assert got[at] == raw[8 * tile + r, j * seg + part * cols + c]
-            want = scales[8 * tile].reshape(8, 2, cols // 128)[:, part]
-            assert torch.equal(got[64 * cols:].clone().view(torch.float32).reshape(8, -1), want)
+                        m = rows * j + r
+                        at = (c // 32) * 2048 + (c % 32 // 16) * 1024 + m * 16 + c % 16
+                        assert got[at] == raw[rows * tile + r, j * seg + part * cols + c]
+            want = scales[rows * tile].reshape(segments, parts, cols // 128)[:, part]
+            got_scales = got[64 * cols:].clone().view(torch.float32).reshape(segments, -1)
+            assert torch.equal(got_scales, want)
 
 
 PARTS = ("attn_out", "x.attn", "x.ffn")
@@ -127,13 +136,15 @@ PARTS = ("attn_out", "x.attn", "x.ffn")
 # block), so a row sum is off by up to ~1e-4 of its size where x's blocks are peaky; 5e-4 is the
 # step test's tolerance here (the CUDA-core path's, 1e-4, is for float32 x).
 DIGITS_REL = 5e-4
-DENSE = {("norm_matvec", 1), ("norm_matvec", 2), ("matvec_add", 1)}
+DENSE = {("norm_matvec", 1, 8), ("norm_matvec", 2, 8), ("matvec_add", 1, 8)}
+DENSE4 = {("norm_matvec", 1, 4), ("norm_matvec", 2, 4), ("matvec_add", 1, 4), ("matvec_add", 1, 8)}
 # (spec, overrides, target, tasks on the tensor cores): the dense spec on the H200 (tasks of
 # a few tiles) and on 48 SMs (tasks of more: a gate/up task's 16 units on 2 pages, a down
 # task's 2 or 3 tiles of 3 units)
 STEPS = [
     ("llama-tiny", WIDE, "h200", DENSE),
     ("llama-tiny", WIDE, small("h200-48", 48), DENSE),
+    ("llama-tiny", WIDE4, small("h200-48", 48), DENSE4),
 ]
 
 

@@ -199,6 +199,8 @@ def step_source() -> str:
         *(k.definition(f"__device__ __forceinline__ bool {f}(const int* t)")
           for f in ("has_weights", "normed", "adds_residual")),
         k.line("__device__ __forceinline__ int rows_per_page"),
+        "#if FP8_MMA", k.line("__device__ __forceinline__ int tile_segments"),
+        k.line("__device__ __forceinline__ int unit_cols"), "#endif",
         k.definition("__device__ __forceinline__ int stream_rows"),
         k.line("constexpr int SIGNAL_THREAD"),
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),

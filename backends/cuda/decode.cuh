@@ -179,18 +179,30 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
   return static_cast<uint64_t>((smem_addr(p) & 0x3ffff) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
          static_cast<uint64_t>(sbo >> 4) << 32;
 }
-// D (+)= A B, A 64 x 32 e4m3, B 32 x 32 e4m3, D 64 x 32 f32 over the warpgroup: warp w's lane
+// D (+)= A B, A 64 x 32 e4m3, B 32 x N e4m3, D 64 x N f32 over the warpgroup: warp w's lane
 // (g = lane / 4, q = lane % 4) holds d[4 i + 0, 1] = D[16 w + g][8 i + 2 q, + 1] and
 // d[4 i + 2, 3] = D[16 w + g + 8][the same columns]. `accumulate` 0: D = A B.
-__device__ __forceinline__ void wgmma_e4m3_m64n32k32(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
-      "%12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
-        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
+template <int N> struct Wgmma;
+template <> struct Wgmma<32> {
+  static __device__ __forceinline__ void mma(float (&d)[16], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, "
+        "%12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
+template <> struct Wgmma<16> {
+  static __device__ __forceinline__ void mma(float (&d)[8], uint64_t a, uint64_t b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(accumulate));
+  }
+};
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -327,13 +339,21 @@ __device__ __forceinline__ bool adds_residual(const int* t) {
   return t[F_OPCODE] == OP_MATVEC_ADD;
 }
 __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
+#if FP8_MMA  // an FP8 tile task's geometry (tile_pages)
+// The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
+// tile_segments); a tile is 64 / S rows.
+__device__ __forceinline__ int tile_segments(int k) { return k % 1024 == 0 ? 8 : 4; }
+// The columns C of a unit: F_ROW_BYTES = 64 C values + S C / 128 fp32 scales = C (2048 + S) / 32.
+__device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(t[F_K])); }
+#endif
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
-// FP8 tile task's units (tile_pages): per 8 rows (a gate/up task's: their gate and up halves),
-// k / 8 / C units of 257 C / 4 bytes (64 C values, 8 C / 128 fp32 scales).
+// FP8 tile task's units: per tile (a gate/up task's rows have a gate and an up tile), k / S / C.
 __device__ __forceinline__ int stream_rows(const int* t) {
 #if FP8_MMA
-  if (t[F_W_FORMAT] == WF_FP8_TILES)
-    return (t[F_ROW1] - t[F_ROW0]) / 8 * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * (t[F_K] * 257 / (32 * t[F_ROW_BYTES]));
+  if (t[F_W_FORMAT] == WF_FP8_TILES) {
+    const int S = tile_segments(t[F_K]);
+    return (t[F_ROW1] - t[F_ROW0]) / (64 / S) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * (t[F_K] / S / unit_cols(t));
+  }
 #endif
   return t[F_ROW1] - t[F_ROW0];
 }
@@ -1166,18 +1186,17 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #if FP8_MMA
 // ---- FP8 tiles on the tensor cores (--tune fp8_mma=1) ----------------------------------------
 // An FP8 tile task (WF_FP8_TILES; passes/tiling.py decides which, ir/fp8.py: pack_tiles packs
-// them) multiplies its weights with wgmma, e4m3 in, f32 accumulation. Its rows come in tiles of
-// TILE_ROWS rows of one matrix (a gate/up task: 8 rows' gate tile, then their up tile), each
-// row cut into TILE_SEGMENTS segments of k / 8 columns, so that a tile is A's 64 rows (m = 8 j +
-// r: segment j of row r) over k / 8 columns. A tile streams as units of C columns of every
-// segment (unit_cols), the values in core-matrix order, then the unit's 8 x C / 128 fp32 block
+// them) multiplies its weights with wgmma, e4m3 in, f32 accumulation. Its rows of k columns are
+// cut into S segments (tile_segments) and come in tiles of R = 64 / S rows of one matrix (a
+// gate/up task: the rows' gate tile, then their up tile), so that a tile is A's 64 rows (m = R j
+// + r: segment j of row r) over k / S columns. A tile streams as units of C columns of every
+// segment (unit_cols), the values in core-matrix order, then the unit's S x C / 128 fp32 block
 // scales (segment j's block b at j C / 128 + b: the tile's rows share one 128-row block). B is
-// the input as TILE_DIGITS e4m3 digits per column (stage_digits), so that D[m][4 j' + t] is
-// row m's dot with digit t of segment j' of x; a row's sum takes its own segment's (j' = j).
-constexpr int TILE_ROWS = 8, TILE_SEGMENTS = 8, TILE_DIGITS = 4;
-static_assert(TILE_ROWS * TILE_SEGMENTS == 64 && TILE_DIGITS * TILE_SEGMENTS == 32, "tiles are m64n32k32 wgmma");
+// the input as TILE_DIGITS e4m3 digits per column (stage_digits), N = 4 S columns, so that
+// D[m][4 j' + t] is row m's dot with digit t of segment j' of x; a row's sum takes its own
+// segment's (j' = j).
+constexpr int TILE_M = 64, TILE_DIGITS = 4;
 static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
-constexpr int DIGIT_CHUNK_BYTES = 16 * TILE_DIGITS * TILE_SEGMENTS;  // B's bytes per 16 segment columns
 
 // Digits of x (stage_digits): a 128-column block with max |x| < 2^E scales to the 16-bit fixed
 // point M = rint(|x| 2^(16 - E)) (exact to 2^-17 of the block's largest |x|); digit t is nibble
@@ -1204,12 +1223,12 @@ __device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&w
 }
 
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
-// weight and 1/rms as there): per 16 columns of a segment, DIGIT_CHUNK_BYTES holding column n =
-// 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B is
-// 1024 B, its k halves 512 B apart, groups of 8 columns 128 B apart); then each block's factor
-// 2^(E + 5) (k / 128 floats). A warp takes a 128-column block at a time, a lane 4 columns.
+// weight and 1/rms as there): per 16 columns of a segment, 64 S bytes holding column n = 4 j + t
+// (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B is 128 S
+// bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each block's
+// factor 2^(E + 5) (k / 128 floats). A warp takes a 128-column block at a time, a lane 4 columns.
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
-  const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, per_segment = blocks / TILE_SEGMENTS;
+  const int k = t[F_K], S = tile_segments(k), blocks = k / FP8_BLOCK_COLS, per_segment = blocks / S;
   const int warp = ct >> 5, lane = ct & 31;
   const bool norm = normed(t);
   const float4* __restrict__ x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
@@ -1232,7 +1251,7 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     // 8 wavefronts, a few cycles against the L2 round trip of the load; choosing each lane's
     // digit by its chunk to spread them compiled to branches)
     const int j = blk / per_segment, chunk = blk % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
-    uint8_t* at = b + chunk * DIGIT_CHUNK_BYTES + 16 * TILE_DIGITS * j + 4 * (lane & 3);
+    uint8_t* at = b + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j + 4 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < TILE_DIGITS; ++n) *reinterpret_cast<uint32_t*>(at + 16 * n) = words[n];
     if (lane == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
@@ -1489,31 +1508,36 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 }
 
 #if FP8_MMA
-// matvec_pages of an FP8 tile task (the input staged by stage_digits): a page holds whole units.
-// The warpgroups of the page group take the page's (unit, 128-column block) items in turn, an
-// item 4 wgmma k32 steps into D; then a thread folds its two D values of its row's own segment
-// (row g, segment j = 2 w + q / 2, digits t0 = 2 (q % 2) and t0 + 1: d[4 w + 0, 1], + 2 for
-// q >= 2) times the block's weight scale and x's digit factors into its sum y of the tile. When
-// its next item is another tile's, and at the end of the page, the 4 lanes of a row add up
-// theirs and one adds the warp's into s.acc (zeroed by the caller).
+// matvec_pages of an FP8 tile task of S segments (the input staged by stage_digits): a page
+// holds whole units. The warpgroups of the page group take the page's (unit, 128-column block)
+// items in turn, an item 4 wgmma k32 steps into D; then a thread folds those of its D values
+// that lie in its rows' own segment (S = 8: row g, segment 2 w + q / 2, its 2 values of digits
+// 2 (q % 2) and + 1; S = 4: rows g and g + 8, segment w, 4 values in lanes with q / 2 = w % 2,
+// none in the others) times the block's weight scale and x's digit factors into its sums y of
+// the tile. When its next item is another tile's, and at the end of the page, the 4 lanes of a
+// row add up theirs and one adds the warp's into s.acc (zeroed by the caller).
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
-__device__ __forceinline__ int unit_cols(const int* t) { return 4 * t[F_ROW_BYTES] / 257; }  // stream_rows
+template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
                            int lane, int group, int gw) {
-  const int C = unit_cols(t), kseg = t[F_K] / TILE_SEGMENTS, per_tile = kseg / C;
+  constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
+  const int C = unit_cols(t), kseg = t[F_K] / S, per_tile = kseg / C;
   const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS;
-  const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = 2 * w + q / 2;
-  const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t0), 2^(-4 (t0 + 1))
+  const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
+  const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
   const float* factor = s.vec + t[F_K];
-  const auto flush = [&](int tile, float& y) {  // warp-uniform
-    y += __shfl_xor_sync(0xffffffffu, y, 1);
-    y += __shfl_xor_sync(0xffffffffu, y, 2);
-    if (q == 0) atomicAdd(&s.acc[(tile / halves * TILE_ROWS + g) * halves + tile % halves], y);
-    y = 0.f;
+  const auto flush = [&](int tile, float (&y)[ROWS]) {  // warp-uniform
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      y[r] += __shfl_xor_sync(0xffffffffu, y[r], 1);
+      y[r] += __shfl_xor_sync(0xffffffffu, y[r], 2);
+      if (q == 0) atomicAdd(&s.acc[(tile / halves * R + g + 8 * r) * halves + tile % halves], y[r]);
+      y[r] = 0.f;
+    }
   };
   for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
-    float y = 0.f;
+    float y[ROWS] = {};
     int tile = -1;
     for (int item = wg; item < n * blocks; item += GROUP_WARPS / 4) {
       const int i = item / blocks, b = item % blocks, part = (u0 + i) % per_tile;
@@ -1522,26 +1546,26 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
         tile = (u0 + i) / per_tile;
       }
       const uint8_t* unit = page + i * rb;  // columns [part C, part C + C) of every segment
-      float d[16];
+      float d[N / 2];
       wgmma_fence();
 #pragma unroll
       for (int k32 = 0; k32 < 4; ++k32) {
         const int step = 4 * b + k32;
-        wgmma_e4m3_m64n32k32(d, smem_desc(unit + step * 2048, 1024, 128),
-                             smem_desc(xb + (part * C / 32 + step) * 2 * DIGIT_CHUNK_BYTES, DIGIT_CHUNK_BYTES, 128),
-                             k32);
+        Wgmma<N>::mma(d, smem_desc(unit + step * 2048, 1024, 128),
+                      smem_desc(xb + (part * C / 32 + step) * 2 * CHUNK, CHUNK, 128), k32);
       }
       wgmma_commit();
       wgmma_wait_all();
-      float d0, d1;
-      switch (w) {  // d[4 w + 2 (q / 2)], d[4 w + 2 (q / 2) + 1], with constant register indices
-        case 0: d0 = q < 2 ? d[0] : d[2]; d1 = q < 2 ? d[1] : d[3]; break;
-        case 1: d0 = q < 2 ? d[4] : d[6]; d1 = q < 2 ? d[5] : d[7]; break;
-        case 2: d0 = q < 2 ? d[8] : d[10]; d1 = q < 2 ? d[9] : d[11]; break;
-        default: d0 = q < 2 ? d[12] : d[14]; d1 = q < 2 ? d[13] : d[15]; break;
+      float sum[ROWS] = {};
+#pragma unroll
+      for (int v = 0; v < N / 2; ++v) {  // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2
+        const int row = 16 * w + g + 8 * (v % 4 / 2), col = 8 * (v / 4) + 2 * q + v % 2;
+        if (col / TILE_DIGITS == row / R) sum[ROWS == 1 ? 0 : v % 4 / 2] += d[v] * (v % 2 ? f1 : f0);
       }
-      const float* scale = reinterpret_cast<const float*>(unit + 64 * C);
-      y = fmaf(scale[j * blocks + b] * factor[j * per_segment + part * blocks + b], fmaf(d0, f0, d1 * f1), y);
+      const float* scale = reinterpret_cast<const float*>(unit + TILE_M * C);
+      const float f = scale[j * blocks + b] * factor[j * per_segment + part * blocks + b];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) y[r] = fmaf(f, sum[r], y[r]);
     }
     if (tile >= 0) flush(tile, y);
   });
@@ -1565,7 +1589,10 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    tile_pages(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
+    if (tile_segments(t[F_K]) == 8)
+      tile_pages<8>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
+    else
+      tile_pages<4>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
     return;
   }
 #endif
