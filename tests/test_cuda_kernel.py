@@ -70,6 +70,10 @@ pytestmark = pytest.mark.gpu
 FULL_SIZE = {"model_type": "deepseek_v3", "quantization_config": None, "vocab_size": 32000}
 VARIANTS = {
     "deepseek-v3-tiny-dense": ("deepseek-v3-tiny", {"first_k_dense_replace": 3}),
+    # llama-tiny widened so that its FP8 projections tile both ways, 16 rows x 4 segments (K =
+    # 1536) and 8 x 8 (o_proj, K = 1024) (tests/test_fp8_mma.py: WIDE4)
+    "llama-tiny-k1536": ("llama-tiny", {"hidden_size": 1536, "intermediate_size": 1536,
+                                        "head_dim": 256}),
     # Qwen3-30B-A3B's routing in small (8 of 16 experts, 768 rows per slot, hidden 256): with
     # every slot busy its gate/up slots are tiled 16 tasks of 48 rows each on 132 SMs
     # (tests/test_moe_kernel.py: WIDE, which the host step runs)

@@ -180,9 +180,9 @@ def test_a_broken_fold_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, go
 
 
 # -- on a GPU ----------------------------------------------------------------------------------
-# dense models whose projections are whole scale blocks: every FP8 row of theirs but lm_head's
-# (bf16) runs on the tensor cores
-GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-odd"]
+# dense models whose projections tile (llama-tiny-k1536 both ways; llama-tiny-odd's do not: its
+# rows stay on the CUDA cores), every FP8 projection but lm_head (bf16)
+GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-odd", "llama-tiny-k1536"]
 
 
 @pytest.fixture(scope="module", params=GPU_MODELS)
