@@ -11,8 +11,10 @@ Decides:
 - the KV cache is a bf16 arena laid out [layer][kv_head][position][head_dim], so that an
   attention task reads its head's keys contiguously;
 - the input vector of a matrix-vector task is staged in shared memory as fp32, next to its
-  row sums (the warps that share a row meet there); a split-K FFN task's intermediate slice
-  replaces its staged input there once its gate/up rows are done;
+  row sums (the warps that share a row meet there); an FP8 tile task's as four e4m3 digits
+  per column and a factor per 128-column block, and its pages hold whole tile units; a
+  split-K FFN task's intermediate slice replaces its staged input there once its gate/up rows
+  are done;
 - a split-K FFN's output is a 64-bit fixed-point buffer (`fx64`, two words of the arena per
   element), which its tasks add into;
 - attention chunks leave their partial softmax results in one global scratch buffer that the
