@@ -26,7 +26,7 @@ from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_unit_bytes, tile_unit_col
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.tiling import is_tiled
+from tilertc.passes.tiling import is_tiled, stream_row_bytes
 
 MMA = {"fp8_mma": True}
 # dims whose projections tile (K a multiple of 8 x 128: hidden, the heads' width and the
@@ -98,6 +98,24 @@ def test_tiles_are_whole_and_only_where_they_fit() -> None:
     assert all(r % tile_rows(1024) == 0 for t in tiled for r in t.rows)
     assert tiled_tasks(program) == {("norm_matvec", 1, 8), ("matvec_add", 1, 8)}  # no dense MLP
     assert not tiled_tasks(make_program(spec))
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b", "deepseek-v3.2"])
+def test_pages_hold_whole_units_and_the_vector_holds_the_digits(name: str) -> None:
+    """Residency with tiles: a ring page holds whole units of every tiled op, less than a
+    kilobyte (the 1024-byte rounding) and a unit's worth of scales short of full, and the
+    staged vector has room for 4 digit bytes per column and a factor per 128 columns."""
+    spec = tilertc.load_spec(name)
+    if not spec.weight_format.is_fp8:
+        spec = with_weight_dtype(spec, "fp8")
+    program = make_program(spec, tuning=MMA)
+    page, vec = program.config["page_bytes"], program.config["vec_floats"]
+    tiled = [op for op in program.graph.ops() if is_tiled(program, op)]
+    assert {op.opcode for op in tiled} == {"norm_matvec", "matvec_add"}
+    for op in tiled:
+        unit, k = stream_row_bytes(program, op), op.attrs["K"]
+        assert unit == tile_unit_bytes(k) and page % unit < 1024 + 128
+        assert vec >= k + k // 128
 
 
 @pytest.mark.parametrize(("k", "segments", "cols", "parts"), [(4096, 8, 256, 2), (1536, 4, 128, 3)])
