@@ -44,6 +44,7 @@ from tilertc.inspect import human_bytes
 from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.program import Program
 from tilertc.profile import StepProfile, op_table, print_op_table, profile_engine
 from tilertc.route_check import check_routes
 
@@ -168,15 +169,30 @@ def quiet_phase(_description: str) -> Iterator[None]:
     yield
 
 
-def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Prediction:
-    """The cost model's time per token for the artifact's schedule (same target, tp and tuning
-    knobs) made for the point's mean context, so that it counts the KV bytes actually read."""
+def rescheduled(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Program:
+    """The artifact's schedule (same target, tp and tuning knobs) made for a point's mean
+    context, so that the cost model counts the KV bytes actually read."""
     from tilertc import schedule
-    from tilertc.passes.cost import roofline_ns, step_ns
 
     opts = m["options"]
-    program = schedule(spec, m["target"]["name"], opts["tp"], kv_context, schedule_tuning(opts))
+    return schedule(spec, m["target"]["name"], opts["tp"], kv_context, schedule_tuning(opts))
+
+
+def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Prediction:
+    """The cost model's time per token for the artifact's schedule at the point's context."""
+    from tilertc.passes.cost import roofline_ns, step_ns
+
+    program = rescheduled(spec, m, kv_context)
     return Prediction(step_ns(program) / 1e6, roofline_ns(program) / 1e6, kv_context)
+
+
+def op_bytes(program: Program) -> dict[str, float]:
+    """Per fused op, the bytes its tasks read as the cost model counts them (weights, the KV
+    cache at the schedule's context; routed weights at their expected share)."""
+    out: dict[str, float] = {}
+    for t in program.tasks:
+        out[t.op] = out.get(t.op, 0.0) + t.weight_bytes + t.other_bytes
+    return out
 
 
 def check_model(config: BenchConfig) -> Path | ModelSpec:
@@ -402,6 +418,8 @@ def run_bench(config: BenchConfig,
         nbytes = token_bytes(spec, context, gen)
         points.append(make_point(context, gen, nbytes, ceiling.bytes_per_s, results[i], details,
                                  prediction(spec, m, nbytes.kv_context)))
+        if profile is not None and i == 0:  # the profile ran at the first point
+            profile.op_bytes = op_bytes(rescheduled(spec, m, nbytes.kv_context))
     report = BenchReport(
         model={"name": spec.name, "spec_hash": spec.content_hash()},
         artifact=records["tilertc"]["artifact"],
@@ -424,7 +442,7 @@ def finish(report: BenchReport, profile: StepProfile | None, out: Path,
         print_point(point, console)
     table = None
     if profile is not None:
-        table = op_table(profile)
+        table = op_table(profile, bytes_per_s=report.ceiling["bytes_per_s"])
         report.profile = {"context": report.points[0].context, **table.to_dict()}
         print_op_table(table, console)
     path = out / "bench.json"

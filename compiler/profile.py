@@ -14,7 +14,7 @@ A task's op is the op whose counter it signals (`signal` in the task table; the 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +42,9 @@ class StepProfile:
     stamps: np.ndarray  # [steps, tasks, 3] ns; a task that did not run is all zero
     ops: list[str]  # per task: its fused op
     ctas: np.ndarray  # per task: the CTA (SM) whose stream runs it
+    # per op, the bytes the cost model counts it as reading (weights, and the KV cache at the
+    # profiled context); empty when unknown
+    op_bytes: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.stamps.ndim != 3 or self.stamps.shape[2] != 3:
@@ -85,6 +88,7 @@ class OpTime:
     mean_task_ns: float  # dependencies met to done, per task
     mean_wait_ns: float  # start to dependencies met, per task
     share: float  # span over the step's time
+    floor_ns: float | None = None  # its bytes at the measured ceiling, summed over the layers
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,12 @@ def uncovered_ns(t0: float, t1: float, spans: list[tuple[float, float]]) -> floa
     return (t1 - t0) - covered
 
 
-def op_table(profile: StepProfile, skip_first: bool = True) -> OpTable:
+def op_table(profile: StepProfile, skip_first: bool = True,
+             bytes_per_s: float | None = None) -> OpTable:
     """The per-op table, averaged over the complete steps (without the first, which carries
-    the launch, when there are others)."""
+    the launch, when there are others); given the measured bandwidth ceiling, each op's floor
+    (its bytes, `profile.op_bytes`, at that ceiling), so that span - floor is what the op
+    costs beyond its bytes."""
     steps = profile.steps()
     if skip_first and len(steps) > 1:
         steps = steps[1:]
@@ -139,24 +146,30 @@ def op_table(profile: StepProfile, skip_first: bool = True) -> OpTable:
         idx = [i for op in members for i in tasks_of[op]]
         mine = stamps[:, idx]
         total = sum(span[op] for op in members)
+        known = bytes_per_s and all(op in profile.op_bytes for op in members)
         rows.append(OpTime(name, len(members), len(idx), total,
                            float((mine[..., DONE] - mine[..., DEPS_MET]).mean()),
                            float((mine[..., DEPS_MET] - mine[..., START]).mean()),
-                           total / step_ns))
+                           total / step_ns,
+                           sum(profile.op_bytes[op] for op in members) / bytes_per_s * 1e9
+                           if known else None))
     return OpTable(rows, step_ns, gap_ns, steps)
 
 
 def print_op_table(table: OpTable, console: Console) -> None:
     """The table as the terminal shows it; op spans overlap (pipelining) and leave gaps, so the
-    shares need not add up to 100 %."""
+    shares need not add up to 100 %. `floor µs`: the op's bytes at the measured ceiling (blank
+    where unknown)."""
     out = Table(title=f"one decode step: {table.step_ns / 1e3:.1f} µs, of which "
                       f"{table.gap_ns / 1e3:.1f} µs inside no op's span (mean of steps "
                       f"{', '.join(map(str, table.steps))}; kernel globaltimer stamps)",
                 title_justify="left")
-    for name in ("op", "×", "tasks", "span µs", "mean task µs", "mean wait µs", "share %"):
+    for name in ("op", "×", "tasks", "span µs", "floor µs", "mean task µs", "mean wait µs",
+                 "share %"):
         out.add_column(name, justify="left" if name == "op" else "right")
     for r in table.rows:
         out.add_row(r.op, str(r.ops_folded), str(r.tasks), f"{r.span_ns / 1e3:.1f}",
+                    "" if r.floor_ns is None else f"{r.floor_ns / 1e3:.1f}",
                     f"{r.mean_task_ns / 1e3:.2f}", f"{r.mean_wait_ns / 1e3:.2f}",
                     f"{100 * r.share:.1f}")
     console.print(out)

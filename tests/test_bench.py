@@ -25,6 +25,7 @@ from tilertc.bench import (
     BenchError,
     check_model,
     finish,
+    op_bytes,
     parse_backends,
     parse_points,
     parse_systems,
@@ -50,7 +51,14 @@ from tilertc.bench_report import (
 from tilertc.cli import main
 from tilertc.inspect import inspect_model
 from tilertc.ir.target import get_target
-from tilertc.profile import StepProfile, fold_layer, op_table, task_ctas, task_ops
+from tilertc.profile import (
+    StepProfile,
+    fold_layer,
+    op_table,
+    print_op_table,
+    task_ctas,
+    task_ops,
+)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -314,6 +322,31 @@ def test_op_table_folds_layers_and_measures_from_the_stamps() -> None:
     # Spans: embed [0, 1000], layer 0 [1500, 3000], layer 1 [3000, 5000], lm_head [6000, 7000].
     assert table.gap_ns == pytest.approx(500 + 1000)
     assert table.to_dict()["ops"][1]["op"] == "mlp"
+
+
+def test_op_table_floors_are_the_ops_bytes_at_the_ceiling() -> None:
+    """Given the ops' bytes and the measured ceiling, a folded row's floor is its layers' bytes
+    at that ceiling; an op whose bytes are unknown, or a table without a ceiling, has none."""
+    prof = synthetic_profile()
+    prof.op_bytes = {"layers.0.mlp": 3000.0, "layers.1.mlp": 1000.0, "lm_head": 500.0}
+    rows = {r.op: r for r in op_table(prof, bytes_per_s=1e9).rows}
+    assert rows["mlp"].floor_ns == pytest.approx(4000)  # 4000 B at 1 B/ns
+    assert rows["lm_head"].floor_ns == pytest.approx(500)
+    assert rows["embed"].floor_ns is None
+    assert all(r.floor_ns is None for r in op_table(prof).rows)
+    console = Console(record=True, width=160)
+    print_op_table(op_table(prof, bytes_per_s=1e9), console)
+    assert "floor µs" in console.export_text()
+
+
+def test_op_bytes_sum_the_cost_models_task_bytes() -> None:
+    """op_bytes: per op, its tasks' weight and other bytes as the schedule counts them."""
+    program = schedule(load_spec("llama-tiny"), "h200", 1, 64)
+    got = op_bytes(program)
+    for op in program.graph.ops():
+        assert got[op.name] == sum(t.weight_bytes + t.other_bytes for t in program.tasks
+                                   if t.op == op.name)
+    assert got["layers.0.qkv_proj"] > 0
 
 
 def test_op_table_skips_incomplete_steps() -> None:
