@@ -17,7 +17,9 @@
 //   V5   the tile the kernel would run: 8 weight rows x 8 k segments as the 64 M-rows, D's 32
 //        columns (segment, term); units of C columns of every segment with the tile's block
 //        scales; x staged from global memory into the digits' core matrices; the row sums of a
-//        whole tile (every unit) against float64
+//        whole tile (every unit) against float64. The kernel has run this since session 17
+//        (decode.cuh: stage_digits, tile_pages, `--tune fp8_mma=1`), with units of at most 256
+//        columns and a 16-row x 4-segment shape as well; V5 stays as it was measured.
 //
 // Each variant checks its row sums against float64 on the host. Build and run (on an H200):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fp8_page_bench tools/fp8_page_bench.cu
