@@ -178,11 +178,11 @@ def rescheduled(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Program:
     return schedule(spec, m["target"]["name"], opts["tp"], kv_context, schedule_tuning(opts))
 
 
-def prediction(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Prediction:
-    """The cost model's time per token for the artifact's schedule at the point's context."""
+def prediction(program: Program, kv_context: int) -> Prediction:
+    """The cost model's time per token for the artifact's schedule at the point's context
+    (`rescheduled`)."""
     from tilertc.passes.cost import roofline_ns, step_ns
 
-    program = rescheduled(spec, m, kv_context)
     return Prediction(step_ns(program) / 1e6, roofline_ns(program) / 1e6, kv_context)
 
 
@@ -416,10 +416,11 @@ def run_bench(config: BenchConfig,
                 results[i][name], details[name] = time_baseline(name, spec, weights, prompt, gen,
                                                                 config.device, phase)
         nbytes = token_bytes(spec, context, gen)
+        program = rescheduled(spec, m, nbytes.kv_context)
         points.append(make_point(context, gen, nbytes, ceiling.bytes_per_s, results[i], details,
-                                 prediction(spec, m, nbytes.kv_context)))
+                                 prediction(program, nbytes.kv_context)))
         if profile is not None and i == 0:  # the profile ran at the first point
-            profile.op_bytes = op_bytes(rescheduled(spec, m, nbytes.kv_context))
+            profile.op_bytes = op_bytes(program)
     report = BenchReport(
         model={"name": spec.name, "spec_hash": spec.content_hash()},
         artifact=records["tilertc"]["artifact"],

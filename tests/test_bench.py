@@ -32,6 +32,7 @@ from tilertc.bench import (
     parse_tuning,
     prediction,
     quiet_phase,
+    rescheduled,
     resolve_artifacts,
     run_gate,
     time_baseline,
@@ -134,7 +135,7 @@ def test_prediction_uses_the_artifact_schedule_at_the_point_context() -> None:
     spec = load_spec("llama-tiny")
     m = {"options": {"tp": 1, "compute_warps": None, "page_kb": None, "page_groups": None},
          "target": {"name": "h200"}}
-    p = prediction(spec, m, 80)
+    p = prediction(rescheduled(spec, m, 80), 80)
     from tilertc.passes.cost import step_ns
 
     assert p.context == 80
