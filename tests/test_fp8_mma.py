@@ -22,7 +22,7 @@ from test_mla_kernel import assert_step_matches, random_host_step, small
 import tilertc
 from tilertc.backends.cuda import codegen, encode
 from tilertc.driver import CompileOptions, compile
-from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_unit_bytes, tile_unit_cols
+from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_segments, tile_unit_bytes, tile_unit_cols
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
@@ -46,7 +46,7 @@ def tiled_tasks(program: Program) -> set[tuple[str, int, int]]:
     opcode = {v: k for k, v in encode.OPCODES.items()}
     return {(opcode[int(row[col["opcode"]])],
              2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1,
-             8 if int(row[col["k"]]) % 1024 == 0 else 4)
+             tile_segments(int(row[col["k"]])))
             for row in encode.encode(program)[0]
             if int(row[col["w_format"]]) == encode.WEIGHT_FORMATS["fp8_e4m3_tiles"]}
 
