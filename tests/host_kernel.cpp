@@ -268,16 +268,15 @@ static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fiber
 // reading A and B back out of the fragments as the PTX ISA lays out m16n8k16 .bf16 (group g =
 // lane / 4, q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row g+8; a2 row g, k 2q+8, 2q+9; a3 row
 // g+8, k 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8, 2q+9; D's d0, d1 row g, columns 2q,
-// 2q+1, d2, d3 row g+8), each 16-bit value converted by `value` (exactly: every bf16 value is a
-// float).
+// 2q+1, d2, d3 row g+8), each bf16 value converted exactly to a float.
 struct MmaFragments {
   uint32_t a[32][4], b[32][2];
 };
 static MmaFragments mma_buf[COMPUTE_WARPS];
-template <float (*value)(uint16_t)> static inline float half_of(uint32_t reg, int k) {
-  return value(static_cast<uint16_t>(reg >> (16 * (k & 1))));
+static inline float half_of(uint32_t reg, int k) {
+  return __bfloat162float(static_cast<__nv_bfloat16>(reg >> (16 * (k & 1))));
 }
-template <float (*value)(uint16_t)> static void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   const int warp = tl_ct >> 5, lane = tl_ct & 31, g = lane / 4, q = lane % 4;
   MmaFragments& f = mma_buf[warp];
   std::memcpy(f.a[lane], a, sizeof f.a[lane]);
@@ -288,8 +287,8 @@ template <float (*value)(uint16_t)> static void mma_16816(float (&d)[4], const u
     const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
     float sum = d[i];
     for (int k = 0; k < 16; ++k)
-      sum += half_of<value>(f.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k) *
-             half_of<value>(f.b[n * 4 + (k % 8) / 2][k >= 8], k);
+      sum += half_of(f.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k) *
+             half_of(f.b[n * 4 + (k % 8) / 2][k >= 8], k);
     d[i] = sum;
   }
   warps[warp].bar.arrive_and_wait();  // nobody overwrites the fragments before every lane has read them
@@ -336,9 +335,6 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byt
 #if MLA
 static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
 static inline void cp_async_wait_all() {}
-static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  mma_16816<__bfloat162float>(d, a, b0, b1);
-}
 #endif
 struct ThreadIdx {
   int x;
