@@ -1509,13 +1509,16 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 
 #if FP8_MMA
 // matvec_pages of an FP8 tile task of S segments (the input staged by stage_digits): a page
-// holds whole units. The warpgroups of the page group take the page's (unit, 128-column block)
-// items in turn, an item 4 wgmma k32 steps into D; then a thread folds those of its D values
-// that lie in its rows' own segment (S = 8: row g, segment 2 w + q / 2, its 2 values of digits
-// 2 (q % 2) and + 1; S = 4: rows g and g + 8, segment w, 4 values in lanes with q / 2 = w % 2,
-// none in the others) times the block's weight scale and x's digit factors into its sums y of
-// the tile. When its next item is another tile's, and at the end of the page, the 4 lanes of a
-// row add up theirs and one adds the warp's into s.acc (zeroed by the caller).
+// holds whole units. The warpgroups of the page group take the page's units in turn, a unit's
+// 128-column blocks (one or two) one after the other, each 4 wgmma k32 steps into D. Then a
+// thread folds those of its D values that lie in its rows' own segment (S = 8: row g, segment
+// 2 w + q / 2, its 2 values of digits 2 (q % 2) and + 1; S = 4: rows g and g + 8, segment w, 4
+// values in lanes with q / 2 = w % 2, none in the others) times the block's weight scale and x's
+// digit factors into its sums y of the tile. When its next unit is another tile's, and at the end
+// of the page, the 4 lanes of a row add up theirs and one adds the warp's into s.acc (zeroed by
+// the caller). Whole units rather than (unit, block) items in turn: a warp flushes half as often
+// and walks half the items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b
+// gate/up pages of 4 units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
 template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
@@ -1539,33 +1542,35 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
     float y[ROWS] = {};
     int tile = -1;
-    for (int item = wg; item < n * blocks; item += GROUP_WARPS / 4) {
-      const int i = item / blocks, b = item % blocks, part = (u0 + i) % per_tile;
+    for (int i = wg; i < n; i += GROUP_WARPS / 4) {
+      const int part = (u0 + i) % per_tile;
       if ((u0 + i) / per_tile != tile) {
         if (tile >= 0) flush(tile, y);
         tile = (u0 + i) / per_tile;
       }
       const uint8_t* unit = page + i * rb;  // columns [part C, part C + C) of every segment
-      float d[N / 2];
-      wgmma_fence();
-#pragma unroll
-      for (int k32 = 0; k32 < 4; ++k32) {
-        const int step = 4 * b + k32;
-        Wgmma<N>::mma(d, smem_desc(unit + step * 2048, 1024, 128),
-                      smem_desc(xb + (part * C / 32 + step) * 2 * CHUNK, CHUNK, 128), k32);
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      float sum[ROWS] = {};
-#pragma unroll
-      for (int v = 0; v < N / 2; ++v) {  // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2
-        const int row = 16 * w + g + 8 * (v % 4 / 2), col = 8 * (v / 4) + 2 * q + v % 2;
-        if (col / TILE_DIGITS == row / R) sum[ROWS == 1 ? 0 : v % 4 / 2] += d[v] * (v % 2 ? f1 : f0);
-      }
       const float* scale = reinterpret_cast<const float*>(unit + TILE_M * C);
-      const float f = scale[j * blocks + b] * factor[j * per_segment + part * blocks + b];
+      for (int b = 0; b < blocks; ++b) {
+        float d[N / 2];
+        wgmma_fence();
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) y[r] = fmaf(f, sum[r], y[r]);
+        for (int k32 = 0; k32 < 4; ++k32) {
+          const int step = 4 * b + k32;
+          Wgmma<N>::mma(d, smem_desc(unit + step * 2048, 1024, 128),
+                        smem_desc(xb + (part * C / 32 + step) * 2 * CHUNK, CHUNK, 128), k32);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        float sum[ROWS] = {};
+#pragma unroll
+        for (int v = 0; v < N / 2; ++v) {  // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2
+          const int row = 16 * w + g + 8 * (v % 4 / 2), col = 8 * (v / 4) + 2 * q + v % 2;
+          if (col / TILE_DIGITS == row / R) sum[ROWS == 1 ? 0 : v % 4 / 2] += d[v] * (v % 2 ? f1 : f0);
+        }
+        const float f = scale[j * blocks + b] * factor[j * per_segment + part * blocks + b];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) y[r] = fmaf(f, sum[r], y[r]);
+      }
     }
     if (tile >= 0) flush(tile, y);
   });
