@@ -109,7 +109,8 @@ WEIGHT_DTYPE = click.option(
               help="A schedule knob instead of the passes' choice (repeatable): compute_warps, "
                    "page_kb, page_groups, attn_chunks (attention's context chunks per KV or "
                    "head group, at most), ffn_split_k=1 (each dense MLP as one split-K op), or "
-                   "fp8_mma=1 (FP8 projections on the tensor cores, as tiles).")
+                   "fp8_mma=0 (FP8 projections as rows on the CUDA cores, not tiles on the tensor "
+                   "cores).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:

@@ -50,9 +50,11 @@ class CompileOptions:
     # A dense MLP as one split-K op per layer instead of gate/up then down (passes/fusion.py:
     # _fuse_split_k); off until measured on the GPU.
     ffn_split_k: bool = False
-    # FP8 matrix-vector rows on the tensor cores (mma.m16n8k16, decode.cuh: mma_pages) instead
-    # of the CUDA cores' dot product; off until measured on the GPU.
-    fp8_mma: bool = False
+    # FP8 dense projections as tiles on the tensor cores (wgmma, decode.cuh: tile_pages) instead
+    # of rows on the CUDA cores. None: the tiling pass tiles what fits (FP8 weights, --tp 1, the
+    # CUDA backend; faster in every model measured, docs/performance.md); True: asked for, and
+    # refused where it cannot run; False: rows only.
+    fp8_mma: bool | None = None
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -69,9 +71,13 @@ TUNING_FLAGS = ("ffn_split_k", "fp8_mma")
 
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:
     """The passes' tuning from CompileOptions' fields, or from a manifest's record of them (an
-    older one may lack a knob): the knobs that are set and the flags that are on."""
-    return {k: options[k] for k in TUNING_KNOBS
-            if options.get(k) is not None and options.get(k) is not False}
+    older one may lack a knob): the knobs that are set, flags on or off (a manifest from before
+    fp8_mma was on by default records False for it: its kernel has no tiles). FP8 tiles are the
+    CUDA backend's: another backend's schedule has none."""
+    tuning = {k: options[k] for k in TUNING_KNOBS if options.get(k) is not None}
+    if options.get("backend", "cuda") != "cuda":
+        tuning.setdefault("fp8_mma", False)
+    return tuning
 
 
 def _buffer_table(program: Program) -> dict[str, dict[str, Any]]:

@@ -5,8 +5,8 @@ Decides the tile of each task. A matrix-vector op of R output rows (`norm_matvec
 min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
-With the `fp8_mma` knob a dense FP8 projection whose shape fits is cut in whole tiles of 8 rows
-(16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
+Unless the `fp8_mma` knob is 0, a dense FP8 projection whose shape fits is cut in whole tiles
+of 8 rows (16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
 `ir/fp8.py: pack_tiles`) and its weights marked `tiled`.
 Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
@@ -109,13 +109,14 @@ def _weights(op) -> list[str]:
 
 
 def _fp8_tiles_fit(program: Program, op) -> bool:
-    """Whether the FP8 weights of `op` stream as tiles for the tensor cores (the `fp8_mma`
-    knob; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection (`norm_matvec`,
-    `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows in whole tiles
-    (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of 1024; they then never
-    straddle a scale block's rows), and whose K cuts into segments of whole blocks. Routed
+    """Whether the FP8 weights of `op` stream as tiles for the tensor cores (unless the
+    `fp8_mma` knob is 0; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection
+    (`norm_matvec`, `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows
+    in whole tiles (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of
+    1024; they then never straddle a scale block's rows), and whose K cuts into segments of
+    whole blocks. Routed
     experts, MLA's head rows and other shapes keep their rows."""
-    if (not program.config["tuning"].get("fp8_mma") or program.tp > 1
+    if (program.config["tuning"].get("fp8_mma") is False or program.tp > 1
             or op.opcode not in ("norm_matvec", "matvec_add")):
         return False
     ws = [program.graph.tensors[w] for w in _weights(op)]

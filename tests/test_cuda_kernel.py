@@ -396,7 +396,9 @@ FP8_MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwe
 
 @pytest.fixture(scope="module", params=FP8_MODELS)
 def fp8_engine(request, tmp_path_factory) -> Engine:
-    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8")
+    """FP8 rows on the CUDA cores (the tiles, on by default where they fit, have their own
+    GPU tests: tests/test_fp8_mma.py)."""
+    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8", fp8_mma=False)
 
 
 def test_fp8_teacher_forced_logits_match_interpreter(fp8_engine: Engine) -> None:

@@ -101,13 +101,19 @@ def test_fp8_rows_are_their_values_and_scales_padded() -> None:
     assert packed_row_bytes(8192, 128) == 8192 + 64 * 4
 
 
-def expected_weight_bytes(spec: tilertc.ModelSpec, fp8_rows: bool) -> int:
-    """Bytes per token of a dense model's weight rows, from its shapes alone."""
+def expected_weight_bytes(spec: tilertc.ModelSpec, layout: str) -> int:
+    """Bytes per token of a dense model's weight rows, from its shapes alone: `bf16`, FP8
+    `rows` (each row its values, then a scale per 128 columns, padded to 16 bytes) or FP8
+    `tiles` (8 rows, or 16 where K is not a multiple of 1024, share each 128-column block's
+    scale: docs/artifact.md, "FP8 tiles")."""
     h, d, nh, nkv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
     inter = spec.intermediate_size
 
     def rows(n: int, k: int) -> int:
-        return n * (-(-(k + 4 * math.ceil(k / 128)) // 16) * 16 if fp8_rows else 2 * k)
+        if layout == "tiles":
+            tile_rows = 8 if k % 1024 == 0 else 16
+            return n * k + n // tile_rows * 4 * (k // 128)
+        return n * (-(-(k + 4 * math.ceil(k / 128)) // 16) * 16 if layout == "rows" else 2 * k)
 
     layer = rows((nh + 2 * nkv) * d, h) + rows(h, nh * d) + rows(2 * inter, h) + rows(h, inter)
     return spec.num_layers * layer + spec.vocab_size * h * 2  # lm_head stays bf16
@@ -115,9 +121,10 @@ def expected_weight_bytes(spec: tilertc.ModelSpec, fp8_rows: bool) -> int:
 
 @pytest.mark.parametrize("name", ["llama-3.2-1b", "qwen3-8b"])
 def test_passes_count_fp8_bytes_before_and_after(name: str) -> None:
-    bf16, q = make_program(load_spec(name)), make_program(fp8(name))
-    assert bf16.weight_bytes == expected_weight_bytes(bf16.spec, False)
-    assert q.weight_bytes == expected_weight_bytes(q.spec, True)
+    bf16, q = make_program(load_spec(name)), make_program(fp8(name), tuning={"fp8_mma": False})
+    assert bf16.weight_bytes == expected_weight_bytes(bf16.spec, "bf16")
+    assert q.weight_bytes == expected_weight_bytes(q.spec, "rows")
+    assert make_program(fp8(name)).weight_bytes == expected_weight_bytes(q.spec, "tiles")
     qkv = {p.spec.weight_format.dtype: p.graph.op("layers.0.qkv_proj").attrs["tile"]
            for p in (bf16, q)}
     k = bf16.spec.hidden_size
@@ -163,8 +170,8 @@ def test_full_size_fp8_schedules_are_sound(name: str) -> None:
 @pytest.fixture(scope="module")
 def odd_fp8(tmp_path_factory: pytest.TempPathFactory) -> Path:
     needs_nvcc()
-    return compile(load_spec("llama-tiny-odd"), tmp_path_factory.mktemp("odd-fp8"),
-                   CompileOptions(max_seq_len=SEQ, weight_dtype="fp8"))
+    return compile(load_spec("llama-tiny-odd"), tmp_path_factory.mktemp("odd-fp8"),  # rows
+                   CompileOptions(max_seq_len=SEQ, weight_dtype="fp8", fp8_mma=False))
 
 
 def test_packed_fp8_rows_dequantize_to_the_interpreters_weights(odd_fp8: Path) -> None:

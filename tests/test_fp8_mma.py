@@ -1,10 +1,11 @@
-"""FP8 tiles on the tensor cores (`--tune fp8_mma=1`; passes/tiling.py: _fp8_tiles_fit,
-ir/fp8.py: pack_tiles, decode.cuh: stage_digits, tile_pages): which tasks the option tiles and
-what it refuses, the tile layout against the definition it implements, and a whole decode step
-of the kernel's own device code (tests/host_kernel.cpp: `step`, its wgmma emulated from the PTX
-ISA's operand and accumulator layouts) against the interpreter, with negative controls (the
-digit factors off by one digit, the units' scales swapped between segments). On a GPU: the real
-tensor cores, teacher-forced against the interpreter (the gpu-marked tests at the end).
+"""FP8 tiles on the tensor cores (on where they fit, `--tune fp8_mma=0` turns them off;
+passes/tiling.py: _fp8_tiles_fit, ir/fp8.py: pack_tiles, decode.cuh: stage_digits, tile_pages):
+which tasks are tiled and what the knob refuses, the tile layout against the definition it
+implements, and a whole decode step of the kernel's own device code (tests/host_kernel.cpp:
+`step`, its wgmma emulated from the PTX ISA's operand and accumulator layouts) against the
+interpreter, with negative controls (the digit factors off by one digit, the units' scales
+swapped between segments). On a GPU: the real tensor cores, teacher-forced against the
+interpreter (the gpu-marked tests at the end).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.tiling import is_tiled, stream_row_bytes
 
 MMA = {"fp8_mma": True}
+ROWS = {"fp8_mma": False}
 # dims whose projections tile (K a multiple of 8 x 128: hidden, the heads' width and the
 # intermediate size), with 4 heads of 256 (o_proj's K = 1024) and a 3072-wide MLP (down's
 # segments of 384 columns: 3 units of 128 per tile)
@@ -55,11 +57,13 @@ def fp8_spec(name: str, overrides: dict[str, Any]) -> tilertc.ModelSpec:
     return with_weight_dtype(tilertc.load_spec(name, overrides=overrides), "fp8")
 
 
-def test_the_knob_is_compiled_in_only_where_asked_for() -> None:
+def test_tiles_are_compiled_in_where_the_schedule_has_them() -> None:
+    """On by default where they fit, off with the knob at 0, and never in a bf16 kernel."""
     spec = fp8_spec("llama-tiny", WIDE)
-    on = codegen.constants(make_program(spec, tuning=MMA))
-    off = codegen.constants(make_program(spec))
-    assert on["FP8_MMA"] == 1 and "FP8_MMA" not in off
+    default = codegen.constants(make_program(spec))
+    off = codegen.constants(make_program(spec, tuning=ROWS))
+    bf16 = codegen.constants(make_program(tilertc.load_spec("llama-tiny", overrides=WIDE)))
+    assert default["FP8_MMA"] == 1 and "FP8_MMA" not in off and "FP8_MMA" not in bf16
 
 
 @pytest.mark.parametrize(("weight_dtype", "tp", "message"), [
@@ -97,7 +101,7 @@ def test_tiles_are_whole_and_only_where_they_fit() -> None:
     assert {t.opcode for t in tiled} == {"norm_matvec", "matvec_add"}
     assert all(r % tile_rows(1024) == 0 for t in tiled for r in t.rows)
     assert tiled_tasks(program) == {("norm_matvec", 1, 8), ("matvec_add", 1, 8)}  # no dense MLP
-    assert not tiled_tasks(make_program(spec))
+    assert not tiled_tasks(make_program(spec, tuning=ROWS))
 
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "deepseek-v3.2"])

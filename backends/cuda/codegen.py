@@ -18,6 +18,7 @@ from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import DSA_KEYS, MLA_KEYS, REDUCTION_FLOATS
+from tilertc.passes.tiling import is_tiled, scale_cols
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
@@ -78,8 +79,6 @@ def _check_fp8_scales(program: Program, op) -> None:
     """The FP8 dot product finds a scale by a shift of the 4-column group's index: a scale
     must cover a whole number of groups, a power of two of them (MLA's q absorption rows have
     one scale per gcd(128, nope + v) columns: ir/mla.py: derived_scale_cols)."""
-    from tilertc.passes.tiling import scale_cols
-
     if op.opcode != "head_matvec":
         return
     w = program.graph.tensors[op.inputs[1]]
@@ -241,20 +240,20 @@ def _mla(attn: dict) -> dict[str, object]:
 
 
 def _fp8_mma(program: Program) -> dict[str, object]:
-    """`fp8_mma` (a tuning flag): the FP8 matrix-vector rows on the tensor cores (decode.cuh:
-    mma_pages). It multiplies FP8 rows only, and its staged input and row sums are those of
-    one GPU's tasks: refused by name with bf16 weights or under tensor parallelism. Compiled
-    in only where asked for, so that other kernels are what they were without it."""
-    if not program.config["tuning"].get("fp8_mma"):
-        return {}
-    if not program.spec.weight_format.is_fp8:
-        raise ScheduleError("fp8_mma multiplies FP8 weight rows on the tensor cores, but "
-                            f"{program.spec.name}'s weights are bf16; compile with "
-                            "--weight-dtype fp8 or without fp8_mma")
-    if program.tp > 1:
-        raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
-                            "without fp8_mma")
-    return {"FP8_MMA": 1}
+    """FP8 tiles on the tensor cores (passes/tiling.py: _fp8_tiles_fit; decode.cuh:
+    tile_pages), compiled in only where the schedule has any, so that other kernels are what
+    they were without them. The `fp8_mma` knob at 1 asks for them: refused by name where they
+    cannot run (bf16 weights; tensor parallelism, as their staged input and row sums are one
+    GPU's)."""
+    if program.config["tuning"].get("fp8_mma") is True:
+        if not program.spec.weight_format.is_fp8:
+            raise ScheduleError("fp8_mma multiplies FP8 weight rows on the tensor cores, but "
+                                f"{program.spec.name}'s weights are bf16; compile with "
+                                "--weight-dtype fp8 or without fp8_mma")
+        if program.tp > 1:
+            raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
+                                "without fp8_mma")
+    return {"FP8_MMA": 1} if any(is_tiled(program, op) for op in program.graph.ops()) else {}
 
 
 def constants(program: Program) -> dict[str, object]:

@@ -1,0 +1,188 @@
+"""Where a matrix-vector task's time goes, page by page, on the GPU:
+
+    python tools/stream_probe.py build ARTIFACT OUT [--pages N]   # here (nvcc, no GPU)
+    python tools/stream_probe.py run OUT [OUT ...] [--step S]     # on a GPU machine
+
+`build` makes a variant of ARTIFACT (tools/kernel_variant.py) whose kernel, while profiling,
+also stamps each page (globaltimer): when the loader issued it, when compute began to wait for
+it, saw it and released it (compute thread 0), for the first N pages of a launch per SM; and
+it stamps the end of each matrix-vector task's input staging in place of the task's start.
+The page stamps go into the profile buffer past the profiled steps, which `run` makes large
+enough. `run` loads each variant with random weights (one set per model), decodes a few
+steps with the stamps on and prints per op, its layers folded: the staging (dependencies met
+to input staged), pages per task, page compute (seen to released), how long a task waited for
+pages not yet there, and a page's issue-to-seen time. docs/performance.md's session 18
+tables were measured this way. The stamps are timing aids: a few global stores a page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from kernel_variant import make_variant
+
+STEPS = 4  # decode steps of the stamped launch (the page stamps lie past them)
+ISSUED, WAITING, SEEN, RELEASED = range(4)  # a page's stamps
+START, DEPS_MET, DONE = range(3)  # a task's (START: where staging ended, for matrix-vector tasks)
+
+
+def page_stamps(index: str) -> str:
+    """The 4 stamps of page `index` of this CTA's launch, past the profiled steps."""
+    return (f"(p.profile + {STEPS} * p.n_tasks * 3"
+            f" + (blockIdx.x * static_cast<long long>(PROBE_PAGES) + {index}) * 4)")
+
+
+# (old, new) edits of decode.cuh's text in kernel.cu; PROBE_PAGES is the variant's #define
+LOADER_ISSUE = "        uint8_t* page = start_page(p, s, issued, bytes, full);\n" \
+               "        if (!page) goto drain;\n"
+EDITS = [
+    (LOADER_ISSUE,
+     LOADER_ISSUE + "        if (p.profile && issued - 1 < PROBE_PAGES)\n"
+     f"          {page_stamps('(issued - 1)')}[0] = now_ns();\n"),
+    ("    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);\n"
+     "    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));\n"
+     "    release_page(s, slot);\n",
+     "    unsigned long long* probe = p.profile && threadIdx.x == 0 && page_index < PROBE_PAGES\n"
+     f"        ? {page_stamps('page_index')} : nullptr;\n"
+     "    if (probe) probe[1] = now_ns();\n"
+     "    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);\n"
+     "    if (probe) probe[2] = now_ns();\n"
+     "    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));\n"
+     "    release_page(s, slot);\n"
+     "    if (probe) probe[3] = now_ns();\n"),
+    ("__device__ void run_matvec(",
+     "__device__ unsigned long long* probe_stamp[1024];  // per CTA: its task's stamps, or null\n"
+     "__device__ void run_matvec("),
+    ("      if (stamp) stamp[1] = now_ns();\n",
+     "      if (stamp) stamp[1] = now_ns();\n"
+     "      if (ct == 0) probe_stamp[blockIdx.x] = stamp;\n"),
+    ("    stage_vector(p, s, t, ct);\n  matvec_pages(",
+     "    stage_vector(p, s, t, ct);\n"
+     "  if (ct == 0 && probe_stamp[blockIdx.x]) probe_stamp[blockIdx.x][0] = now_ns();\n"
+     "  matvec_pages("),
+]
+
+
+def build(artifact: Path, out: Path, pages: int) -> dict:
+    """The instrumented variant of `artifact` in `out`; ptxas's resource report."""
+    return make_variant(artifact, out, [f"PROBE_PAGES={pages}"], [list(e) for e in EDITS])
+
+
+def probe_pages(artifact: Path) -> int:
+    """The pages per SM a `build` variant stamps; refuses an artifact that is not one."""
+    for line in (artifact / "kernel.cu").read_text().splitlines():
+        if line.startswith("#define PROBE_PAGES "):
+            return int(line.split()[2])
+    raise SystemExit(f"{artifact} is not a stream probe variant: make one with "
+                     f"`python tools/stream_probe.py build ARTIFACT OUT`")
+
+
+@dataclass(frozen=True)
+class OpStream:
+    """One op's tasks (layers folded) of one step: means per task, or per page, in µs."""
+
+    op: str
+    tasks: int
+    staging_us: float  # dependencies met to input staged
+    pages: float  # per task
+    page_compute_us: float  # a page seen to released (compute thread 0)
+    stall_us: float  # per task: waiting for pages not yet there
+    flight_us: float  # a page issued to seen, for pages issued during the task (nan: none)
+
+
+def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.ndarray,
+               step: int) -> list[OpStream]:
+    """Per op with weight pages, from a step's task stamps `stamps[step]` ([steps, tasks, 3])
+    and the page stamps ([ctas, pages, 4]): a page belongs to the task of its CTA during which
+    compute saw it. In the order the ops first run."""
+    st = stamps[step].astype(np.int64)
+    out = []
+    for op in dict.fromkeys(ops):
+        staging, n_pages, compute, stall, flight = [], [], [], [], []
+        for task in (i for i, o in enumerate(ops) if o == op):
+            met, done = st[task, DEPS_MET], st[task, DONE]
+            log = pages[ctas[task]].astype(np.int64)
+            mine = log[(log[:, SEEN] >= met) & (log[:, SEEN] <= done) & (log[:, WAITING] > 0)]
+            if not len(mine):
+                continue
+            staging.append(st[task, START] - met)
+            n_pages.append(len(mine))
+            compute.extend(mine[:, RELEASED] - mine[:, SEEN])
+            stall.append((mine[:, SEEN] - mine[:, WAITING]).sum())
+            late = mine[mine[:, ISSUED] > met]
+            flight.extend(late[:, SEEN] - late[:, ISSUED])
+        if n_pages:
+            out.append(OpStream(op, len(n_pages), np.mean(staging) / 1e3, float(np.mean(n_pages)),
+                                np.mean(compute) / 1e3, np.mean(stall) / 1e3,
+                                np.mean(flight) / 1e3 if flight else float("nan")))
+    return out
+
+
+def run(artifacts: list[Path], step: int) -> None:
+    import torch
+
+    from tilertc.artifact import model_spec, read_manifest
+    from tilertc.engine import Engine
+    from tilertc.ir.build import build_graph
+    from tilertc.ir.weights import random_weights
+    from tilertc.profile import fold_layer, task_ctas, task_ops
+
+    by_model: dict[str, list[Path]] = {}
+    for a in artifacts:
+        by_model.setdefault(read_manifest(a)["model"]["spec_hash"], []).append(a)
+    for group in by_model.values():
+        m = read_manifest(group[0])
+        weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0,
+                                 device="cuda")
+        for a in group:
+            engine = Engine.load(a, weights=weights, device="cuda")
+            pages = probe_pages(a)
+            tasks = engine.tasks.cpu().numpy()
+            n, ctas = tasks.shape[0], engine.stream_offsets.numel() - 1
+            list(engine.generate([1], max_new_tokens=8))  # warm: caches, clocks
+            engine.enable_profile(STEPS + -(-ctas * pages * 4 // (n * 3)))
+            list(engine.generate([5], max_new_tokens=STEPS))
+            flat = engine.profile.cpu().numpy().reshape(-1)
+            engine.enable_profile(0)
+            stamps = flat[:STEPS * n * 3].reshape(STEPS, n, 3)
+            log = flat[STEPS * n * 3:][:ctas * pages * 4].reshape(ctas, pages, 4)
+            ops = [fold_layer(o) for o in task_ops(tasks, engine.m["counters"])]
+            cta_of = task_ctas(engine.stream_offsets.cpu().numpy(),
+                               engine.stream_tasks.cpu().numpy(), n)
+            print(f"== {a} (step {step} of {STEPS}; µs)")
+            print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
+                  f" {'stall/task':>11s} {'issue->seen':>12s}")
+            for r in op_streams(stamps, log, ops, cta_of, step):
+                print(f"  {r.op:28s} {r.tasks:6d} {r.staging_us:8.2f} {r.pages:6.1f} "
+                      f"{r.page_compute_us:13.2f} {r.stall_us:11.2f} {r.flight_us:12.2f}")
+            del engine
+            torch.cuda.empty_cache()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="an instrumented variant of ARTIFACT in OUT (needs nvcc)")
+    b.add_argument("artifact", type=Path)
+    b.add_argument("out", type=Path)
+    b.add_argument("--pages", type=int, default=8192,
+                   help="pages stamped per SM from a launch's start [default: 8192]")
+    r = sub.add_parser("run", help="decode with the stamps on and print per op (needs a GPU)")
+    r.add_argument("artifacts", type=Path, nargs="+")
+    r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        report = build(args.artifact, args.out, args.pages)
+        print(f"{args.out}: {report.get('registers')} registers, "
+              f"{report.get('spill_stores', 0)} B spilled")
+    else:
+        run(args.artifacts, args.step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
