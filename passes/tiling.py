@@ -114,8 +114,7 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
     (`norm_matvec`, `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows
     in whole tiles (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of
     1024; they then never straddle a scale block's rows), and whose K cuts into segments of
-    whole blocks. Routed
-    experts, MLA's head rows and other shapes keep their rows."""
+    whole blocks. Routed experts, MLA's head rows and other shapes keep their rows."""
     if (program.config["tuning"].get("fp8_mma") is False or program.tp > 1
             or op.opcode not in ("norm_matvec", "matvec_add")):
         return False
