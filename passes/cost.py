@@ -5,7 +5,9 @@ A task streams its weights at the SM's share of HBM bandwidth and reads its othe
 hand-off (`BOUNDARY_NS`, measured ~3 us per all-to-all boundary in the feasibility prototype of
 DESIGN.md). The boundary covers an SM's first task of an op; each further task of the op on
 that SM adds its own fixed cost (`TASK_NS`: staging its input, its epilogue and signal), so an
-op cut into more tasks than SMs costs more than its bytes say. An op takes as long as its
+op cut into more tasks than SMs costs more than its bytes say. An FP8 tile op's boundary is
+longer by its input's staging as digits (`DIGIT_ROUND_NS` per round of 128-column blocks its
+compute warps take, each warp a block at a time). An op takes as long as its
 slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
 it. Chunked attention is charged what the H200
 measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
@@ -21,6 +23,7 @@ from __future__ import annotations
 from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
 from tilertc.passes.sharding import ends_in_allreduce
+from tilertc.passes.tiling import is_fp8_rows, is_tiled
 
 BOUNDARY_NS = 3000.0
 # llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
@@ -33,6 +36,14 @@ ATTENTION_KV_BYTES_PER_S_PER_SM = 16e9
 # 8 tasks of ~47 KB per SM per layer, took 3.78 us per task (dependencies met to done) where
 # its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
 TASK_NS = 2400.0
+# llama-3.1-8b FP8 on the H200, 2026-12-01 (docs/performance.md, session 18): staging an FP8
+# tile task's input as digits took ~0.45 us per round of blocks longer than a bf16 task's copy
+# of the same input (qkv, o and gate/up, 2 rounds: +0.8-1.0 us; down, 7 rounds: +3.1 us).
+DIGIT_ROUND_NS = 450.0
+# The same model's dense FP8 projections as rows on the CUDA cores (`--tune fp8_mma=0`): a
+# gate/up task streamed 27 KB/us where a bf16 one streams 33, the SM's share (session 17),
+# its pages' dot product (~2 us a page) slower than they arrive.
+FP8_ROW_STREAM_SHARE = 0.87
 
 
 def task_ns(program: Program, task: Task) -> float:
@@ -49,11 +60,15 @@ def allreduce_ns(program: Program, op: Op) -> float:
     return tgt.link_latency_ns + 2 * (tp - 1) / tp * nbytes / tgt.link_bandwidth * 1e9
 
 
-def predicted_task_ns(task: Task) -> float:
-    """`task_ns`, except for chunked attention: keys and values at their measured read rate."""
-    if task.opcode != "attention":
-        return task.est_ns
-    return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
+def predicted_task_ns(program: Program, task: Task) -> float:
+    """`task_ns`, except for chunked attention (keys and values at their measured read rate)
+    and dense FP8 rows (their pages at the rate the CUDA cores' dot product keeps up with)."""
+    if task.opcode == "attention":
+        return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
+    op = program.graph.op(task.op)
+    if op.opcode in ("norm_matvec", "matvec_add") and is_fp8_rows(program, op):
+        return task.est_ns / FP8_ROW_STREAM_SHARE
+    return task.est_ns
 
 
 def task_fixed_ns(program: Program, task: Task) -> float:
@@ -63,17 +78,28 @@ def task_fixed_ns(program: Program, task: Task) -> float:
     return TASK_NS * program.graph.op(task.op).attrs["tile"].get("busy", 1.0)
 
 
+def digit_staging_ns(program: Program, op: Op) -> float:
+    """What staging an FP8 tile op's input as digits (decode.cuh: stage_digits) adds to its
+    boundary: 0 for any other op."""
+    if not is_tiled(program, op):
+        return 0.0
+    blocks = op.attrs["K"] // 128  # tiles are of 128-column scale blocks only
+    return DIGIT_ROUND_NS * -(-blocks // program.config["compute_warps"])
+
+
 def op_times_ns(program: Program) -> dict[str, float]:
     """Per fused op: the busiest SM's time on it (its tasks' bytes, and the fixed cost of each
-    task after the SM's first of the op), plus one boundary (and an all-reduce)."""
+    task after the SM's first of the op), plus one boundary (and an all-reduce, or an FP8 tile
+    op's digit staging)."""
     per: dict[str, dict[int, float]] = {}
     for t in program.tasks:
         sms = per.setdefault(t.op, {})
         # the SM's first task of the op: its fixed cost is part of the boundary
         sms[t.sm] = sms[t.sm] + task_fixed_ns(program, t) if t.sm in sms else 0.0
-        sms[t.sm] += predicted_task_ns(t)
+        sms[t.sm] += predicted_task_ns(program, t)
     return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
             + (ATTENTION_CHAIN_NS if op.opcode == "attention" else 0.0)
+            + digit_staging_ns(program, op)
             for op in program.graph.ops()}
 
 

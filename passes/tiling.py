@@ -130,6 +130,12 @@ def is_tiled(program: Program, op) -> bool:
     return op.opcode in MATVEC and bool(program.graph.tensors[_weights(op)[0]].attrs.get("tiled"))
 
 
+def is_fp8_rows(program: Program, op) -> bool:
+    """Whether the weights of matrix-vector op `op` stream as FP8 rows (not tiles)."""
+    return (op.opcode in MATVEC and not is_tiled(program, op)
+            and program.graph.tensors[_weights(op)[0]].dtype == "fp8_e4m3")
+
+
 def stream_row_bytes(program: Program, op) -> int:
     """Bytes of what a ring page holds whole of a matrix-vector op: a row, or a tiled op's
     unit (decode.cuh: stream_rows)."""

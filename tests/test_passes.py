@@ -17,10 +17,13 @@ from tilertc.backends.cuda.codegen import constants
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.target import get_target
+from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.cost import (
     ATTENTION_CHAIN_NS,
     ATTENTION_KV_BYTES_PER_S_PER_SM,
     BOUNDARY_NS,
+    DIGIT_ROUND_NS,
+    FP8_ROW_STREAM_SHARE,
     TASK_NS,
     op_times_ns,
 )
@@ -227,6 +230,27 @@ def test_cost_charges_each_further_task_of_an_op_on_an_sm_its_fixed_cost() -> No
                    for ts in on.values())
         assert op_times_ns(p)["layers.3.moe.gate_up"] == pytest.approx(want + BOUNDARY_NS)
         assert (max(map(len, on.values())) == 1) == (p is one)
+
+
+def test_cost_of_fp8_tiles_and_fp8_rows() -> None:
+    """llama-3.1-8b FP8 (one layer): each tiled op costs its bytes, a boundary and a round of
+    DIGIT_ROUND_NS per 16 of its 128-column input blocks (16 compute warps, a block each):
+    qkv, o and gate/up 2 rounds, down 7. As rows (fp8_mma=0) no op pays that, but its bytes
+    stream at FP8_ROW_STREAM_SHARE of the SM's share."""
+    spec = with_weight_dtype(load_spec("llama-3.1-8b", overrides={"num_hidden_layers": 1}), "fp8")
+    tiles, rows = (schedule(spec, max_seq_len=256, tuning=t) for t in ({}, {"fp8_mma": False}))
+    assert tiles.config["compute_warps"] == 16
+    rounds = {"qkv_proj": 2, "o_proj": 2, "ffn.gate_up_proj": 2, "ffn.down_proj": 7}
+    for p, tiled in ((tiles, True), (rows, False)):
+        times = op_times_ns(p)
+        for op, n in rounds.items():
+            name = f"layers.0.{op}"
+            by_sm: dict[int, float] = {}
+            for t in p.tasks_of(name):
+                by_sm[t.sm] = by_sm.get(t.sm, 0.0) + t.est_ns
+            stream = max(by_sm.values()) / (1.0 if tiled else FP8_ROW_STREAM_SHARE)
+            assert times[name] == pytest.approx(stream + BOUNDARY_NS
+                                                + (n * DIGIT_ROUND_NS if tiled else 0.0))
 
 
 # -- residency ---------------------------------------------------------------------------------
