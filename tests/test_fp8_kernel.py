@@ -32,7 +32,14 @@ from tilertc.backends.cuda.encode import FIELDS, WEIGHT_FORMATS, encode
 from tilertc.cli import main
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import pack_weights
-from tilertc.ir.fp8 import expand_blocks, pack_rows, packed_row_bytes, quantize, row_scales
+from tilertc.ir.fp8 import (
+    expand_blocks,
+    pack_rows,
+    packed_row_bytes,
+    quantize,
+    row_scales,
+    tile_rows,
+)
 from tilertc.ir.interpreter import Interpreter
 from tilertc.ir.weights import quantize_unscaled, random_weights
 from tilertc.model_specs import SpecError, load_spec
@@ -104,15 +111,14 @@ def test_fp8_rows_are_their_values_and_scales_padded() -> None:
 def expected_weight_bytes(spec: tilertc.ModelSpec, layout: str) -> int:
     """Bytes per token of a dense model's weight rows, from its shapes alone: `bf16`, FP8
     `rows` (each row its values, then a scale per 128 columns, padded to 16 bytes) or FP8
-    `tiles` (8 rows, or 16 where K is not a multiple of 1024, share each 128-column block's
-    scale: docs/artifact.md, "FP8 tiles")."""
+    `tiles` (a tile's rows, `ir/fp8.py: tile_rows`, share each 128-column block's scale:
+    docs/artifact.md, "FP8 tiles")."""
     h, d, nh, nkv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
     inter = spec.intermediate_size
 
     def rows(n: int, k: int) -> int:
         if layout == "tiles":
-            tile_rows = 8 if k % 1024 == 0 else 16
-            return n * k + n // tile_rows * 4 * (k // 128)
+            return n * k + n // tile_rows(k) * 4 * (k // 128)
         return n * (-(-(k + 4 * math.ceil(k / 128)) // 16) * 16 if layout == "rows" else 2 * k)
 
     layer = rows((nh + 2 * nkv) * d, h) + rows(h, nh * d) + rows(2 * inter, h) + rows(h, inter)
