@@ -38,6 +38,7 @@ from tilertc.bench_report import (
     print_point,
     token_bytes,
 )
+from tilertc.choice_check import check_choices
 from tilertc.compile_report import StageDisplay
 from tilertc.driver import TUNING_FLAGS, TUNING_KNOBS, schedule_tuning
 from tilertc.inspect import human_bytes
@@ -46,7 +47,6 @@ from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.program import Program
 from tilertc.profile import StepProfile, op_table, print_op_table, profile_engine
-from tilertc.route_check import check_routes
 
 SYSTEMS = ("tilertc", "hf-eager", "hf-graph", "kernel-per-op")
 BASELINES: dict[str, Callable[..., baselines.BaselineResult]] = {
@@ -273,16 +273,16 @@ def free_gpu() -> None:
 def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: int) -> GateReport:
     """The kernel, the interpreter and the kernel-per-op baseline over one short greedy run.
     With MoE or a DSA indexer the interpreter keeps its caches in bf16 as the kernel does
-    (their discrete choices would otherwise see the cache's rounding), and a step the kernel
-    routed differently within a tie (`route_check`) is not compared; one routed differently
-    outside a tie fails the gate."""
+    (their discrete choices would otherwise see the cache's rounding), and a step at which
+    the kernel routed or selected otherwise within a tie (`choice_check`) is not compared; one
+    that chose otherwise outside a tie fails the gate."""
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, engine.spec.vocab_size, (GATE_PROMPT,), generator=gen)
     engine.position = 0
     engine.prefill(prompt[:-1])
-    moe = any(op.opcode == "moe_router" for op in engine.graph.ops())
-    ref = engine.reference(torch.bfloat16 if moe or engine.spec.indexer else None)
-    token, tokens, got, want, tied, misrouted = int(prompt[-1]), [], [], [], [], []
+    choosers = any(op.opcode in ("moe_router", "dsa_topk") for op in engine.graph.ops())
+    ref = engine.reference(torch.bfloat16 if choosers else None)
+    token, tokens, got, want, tied, wrong = int(prompt[-1]), [], [], [], [], []
     for i in range(GATE_MAX_STEPS):
         clear = [c and not t for c, t in zip(clear_margins(torch.stack(want)), tied,
                                               strict=True)] if want else []
@@ -290,9 +290,9 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
             break
         nxt, logits = engine.step(token)
         env = ref.run(torch.tensor([token]), torch.tensor([GATE_PROMPT - 1 + i]))
-        routes = check_routes(engine, env) if moe else []
-        misrouted += [f"step {i}, {c}" for c in routes if not c.ok]
-        tied.append(not all(c.same for c in routes))
+        choices = check_choices(engine, env) if choosers else []
+        wrong += [f"step {i}, {c}" for c in choices if not c.ok]
+        tied.append(not all(c.same for c in choices))
         want.append(env["logits"][0].float().cpu())
         got.append(logits.float().cpu())
         tokens.append(nxt)
@@ -308,7 +308,7 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
     free_gpu()
     report = check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name,
                           tied=tied, baseline_logits=baseline_logits)
-    report.problems += [f"{m}: routed differently outside a tie" for m in misrouted]
+    report.problems += [f"{m}: chosen otherwise outside a tie" for m in wrong]
     return report
 
 

@@ -11,8 +11,8 @@ engine's error at every step it decoded from the kernel's history, that is up to
 the first step where it picks another token (a near tie at its precision; after it the two runs
 follow different histories). Without its logits, its tokens must be the kernel's until the
 first step whose margin is not clear. A step
-the kernel routed differently within a tie (MoE: `route_check`) computes other experts by
-design; it is counted, not compared.
+the kernel routed or selected otherwise within a tie (MoE, DSA: `choice_check`) computes
+other experts or attends to other tokens by design; it is counted, not compared.
 
 The gate is a pure function of tensors and token lists, so that a planted mismatch is tested
 on a CPU; `tilertc.bench` collects its inputs on the GPU.
@@ -51,7 +51,7 @@ class GateReport:
     baseline_tokens_compared: int = 0
     baseline_diverged_at: int | None = None  # first step it chose another token (allowed)
     baseline_max_rel_err: float | None = None  # of its logits up to there, where it gave them
-    tied_steps: list[int] = field(default_factory=list)  # routed otherwise within a tie
+    tied_steps: list[int] = field(default_factory=list)  # routed or selected otherwise within a tie
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -76,8 +76,8 @@ def check_decode(kernel_logits: torch.Tensor, reference_logits: torch.Tensor,
     """Judge a short greedy run. Step i of `kernel_logits` and `reference_logits`
     ([steps, vocab]) came from the same input token; `kernel_tokens[i]` is the kernel's choice at
     step i and `baseline_tokens[i]` the baseline's own greedy choice at that step (from
-    `baseline_logits[i]`, where given); `tied[i]` says the kernel routed step i otherwise within
-    a tie (its logits and token are not compared)."""
+    `baseline_logits[i]`, where given); `tied[i]` says the kernel routed or selected otherwise
+    within a tie at step i (its logits and token are not compared)."""
     k, r = kernel_logits.double(), reference_logits.double()
     if k.shape != r.shape or k.dim() != 2 or len(kernel_tokens) != k.shape[0]:
         raise ValueError(f"logits {tuple(k.shape)} and {tuple(r.shape)} with "

@@ -57,10 +57,10 @@ import pytest
 import torch
 
 import tilertc
+from tilertc.choice_check import ChoiceCheck, check_choices, score_scales
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import Engine
 from tilertc.ir.sampling import SamplingParams, sample
-from tilertc.route_check import check_routes
 
 pytestmark = pytest.mark.gpu
 
@@ -110,6 +110,11 @@ DSA_MODELS = ["deepseek-v3.2-tiny-topk16", "glm-5-tiny-shared"]
 MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0.6b",
           "qwen3-moe-tiny", *MLA_MODELS, *DSA_MODELS]
 PREFILL, STEPS = 100, 64
+# At most this share of the steps (or choices) may differ from the interpreter's within a tie:
+# with FP8 tile projections an indexer's scores carry their input's rounding (about 1e-5 of
+# `score_scales`), and at a 3000-token context a quarter of the steps swapped two tokens at the
+# cut of 2048 (DeepSeek-V3.2 and GLM-5 at full size, H200); such steps are not compared.
+TIED_SHARE = 0.5
 
 
 def load(name: str) -> tilertc.ModelSpec:
@@ -164,15 +169,15 @@ def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = ST
     (for an FP8 artifact: the same e4m3 weights and scales, dequantized in float32). With a
     DSA indexer or MoE the interpreter keeps its caches in bf16 as the kernel does: the
     selection and the routing are discontinuous in their scores, and a float32 cache moves them
-    enough to swap tokens or experts. A step at which the kernel routed differently from the
-    interpreter (only allowed within a tie, `routed_as_interpreter`) has different logits by
-    design and is not compared; at most a tenth of the steps may be such."""
+    enough to swap tokens or experts. A step at which the kernel routed or selected otherwise
+    than the interpreter (only allowed within a tie, `chose_as_interpreter`) has different
+    logits by design and is not compared; at most half the steps may be such (TIED_SHARE)."""
     errs, agree, checked, tied = [], 0, 0, 0
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
     cache = torch.bfloat16 if engine.spec.indexer or routers else None
     for i, got_tok, got, env in forced_steps(engine, 7, cache, prefill, steps):
         assert got_tok == int(got.argmax()), "the kernel's token is not the argmax of its logits"
-        if not all(routed_as_interpreter(engine, env, i)):
+        if not all(c.same for c in chose_as_interpreter(engine, env, i)):
             tied += 1
             continue
         want = env["logits"][0]
@@ -182,7 +187,7 @@ def check_teacher_forced(engine: Engine, prefill: int = PREFILL, steps: int = ST
             checked += 1
             agree += int(got_tok == int(want.argmax()))
             assert got_tok == int(want.argmax()), f"step {i}: greedy token differs"
-    assert tied <= steps // 10, f"{tied} of {steps} steps routed differently within a tie"
+    assert tied <= TIED_SHARE * steps, f"{tied} of {steps} steps chose otherwise within a tie"
     assert max(errs) <= 2e-2, f"max relative error {max(errs):.3g} (median {np.median(errs):.3g})"
     assert checked >= steps // 4, "too few steps with a clear top-2 margin to check greedy tokens"
 
@@ -215,25 +220,27 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
     assert looped == stepped
 
 
-def routed_as_interpreter(engine: Engine, env: dict[str, torch.Tensor], step: int) -> list[bool]:
-    """Per MoE layer of the last step: whether the kernel routed it as the interpreter did;
-    where not, the difference must be within rounding of a tie (`route_check.check_routes`)."""
-    checks = check_routes(engine, env)
+def chose_as_interpreter(engine: Engine, env: dict[str, torch.Tensor], step: int
+                         ) -> list[ChoiceCheck]:
+    """Every router's and indexer's choice at the last step against the interpreter's; where
+    one differs, only within rounding of a tie (`choice_check.check_choices`)."""
+    checks = check_choices(engine, env)
     bad = [str(c) for c in checks if not c.ok]
     assert not bad, f"step {step}: " + "; ".join(bad)
-    return [c.same for c in checks]
+    return checks
 
 
 def check_routing(engine: Engine, steps: int = STEPS) -> None:
     """Teacher-forced steps: after each, every layer's routing is the interpreter's but for
-    ties (`routed_as_interpreter`). The interpreter keeps its KV cache in bf16 as the kernel
+    ties (`chose_as_interpreter`). The interpreter keeps its KV cache in bf16 as the kernel
     does, so that the two routers see the same hidden state up to summation order, not up to
     the cache's rounding."""
     routers = [op for op in engine.graph.ops() if op.opcode == "moe_router"]
     compared = 0
     for i, _, _, env in forced_steps(engine, 17, torch.bfloat16, steps=steps):
-        compared += sum(routed_as_interpreter(engine, env, i))
-    assert compared >= 0.9 * steps * len(routers), "too many routing decisions within a tie"
+        compared += sum(c.same for c in chose_as_interpreter(engine, env, i) if c.op == "routing")
+    assert compared >= (1 - TIED_SHARE) * steps * len(routers), (
+        "too many routing decisions within a tie")
 
 
 @pytest.mark.parametrize("name", MOE_MODELS)
@@ -304,64 +311,47 @@ def test_full_size_deepseek_moe_matches_interpreter(tmp_path) -> None:
     check_routing(engine, steps=16)
 
 
-SELECTION_TIE = 1e-4  # indexer scores this close (relative to the largest) may swap places
-
-
-def score_scales(engine: Engine, env: dict[str, torch.Tensor], layer: int, n: int) -> torch.Tensor:
-    """Per token, Σ_h |w_h| · |q_h|·|k| (the score's terms without their signs, scaled as the
-    score is): how far off the tensor cores may leave a score. They take q as bf16 hi + lo
-    (16 significand bits), so each head's term is within ~2^-16 of itself, and the score within
-    that of this sum, not of its own value: heads of opposite weight cancel."""
-    op = engine.graph.op(f"layers.{layer}.dsa.score")
-    q_name, w_name, cache_name = op.inputs[:3]
-    q, w, cache, a = env[q_name][0], env[w_name][0], env[cache_name], op.attrs
-    q = q.reshape(a["n_heads"], a["head_dim"]).abs().double()
-    w = (w.abs() * a["head_weight_scale"] * a["softmax_scale"]).double()
-    return torch.einsum("h,hd,nd->n", w, q, cache[:n].abs().double())
-
-
 def check_selection(engine: Engine, prefill: int = PREFILL, steps: int = STEPS) -> None:
-    """Teacher-forced steps: after each, every indexer's scores of the prefilled tokens (key
-    rows the same in both caches) are the interpreter's fp32 ones to the tensor cores'
-    ~16 significand bits (2^-14 of `score_scales`; the rows appended since may differ by a
-    bf16 step), and its selected token ids are the interpreter's (bf16 caches as
-    the kernel's), except that a token chosen by one and not the other must score within
-    SELECTION_TIE of the interpreter's cut; at the end, the index key rows the kernel appended
-    are the interpreter's to a bf16 step, and none past the last step is written."""
+    """Teacher-forced steps: after each, every indexer's selected token ids are the
+    interpreter's (bf16 caches as the kernel's) but for ties (`chose_as_interpreter`), and the
+    scores of the prefilled tokens (key rows the same in both caches) of every indexer that saw
+    the interpreter's input (no earlier layer chose otherwise) are its fp32 ones to the tensor
+    cores' ~16 significand bits (2^-14 of `score_scales`; the rows appended since may differ
+    by a bf16 step); at the end, the index key rows the kernel appended are the interpreter's
+    to a bf16 step (but a layer's rows of steps at which an earlier layer chose otherwise),
+    and none past the last step is written."""
     compared = checked = 0
+    diverged = []  # per step: the first layer that chose otherwise (later ones saw other input)
     for i, _, _, env in forced_steps(engine, 29, torch.bfloat16, prefill, steps):
-        n = prefill + i + 1
-        for layer, got in engine.index_scores().items():
-            want = env[f"layers.{layer}.dsa.scores"][0][:prefill]
-            got = got[:prefill].to(want.device)
-            apart, scale = (got - want).abs().double(), score_scales(engine, env, layer, prefill)
-            assert (apart <= 2 ** -14 * scale).all(), (
-                f"step {i}, layer {layer}: scores {float((apart / scale).max()):.3g} of their "
-                "scale apart")
-        for layer, got in engine.selection().items():
-            want = env[f"layers.{layer}.dsa.topk"][0].tolist()
-            checked += 1
-            if got == want:
-                compared += 1
+        scores = engine.index_scores()
+        checks = chose_as_interpreter(engine, env, i)
+        diverged.append(next((c.layer for c in checks if not c.same), engine.spec.num_layers))
+        for c in checks:
+            if c.op != "selection":
                 continue
-            scores = env[f"layers.{layer}.dsa.scores"][0][:n].double()
-            cut = float(scores[[t for t in want if t >= 0]].min())
-            apart = sorted(set(got) ^ set(want))
-            assert -1 not in apart, f"step {i}, layer {layer}: selections of different sizes"
-            gap = float((scores[apart] - cut).abs().max())
-            assert gap <= SELECTION_TIE * float(scores.abs().max()), (
-                f"step {i}, layer {layer}: kernel and interpreter select {apart} apart")
-    assert compared >= 0.9 * checked, "too many selections within a tie"
-    rows = prefill + steps
-    for names in engine.m["kv_cache"]["layers"].values():
+            checked += 1
+            compared += c.same
+            if c.downstream:
+                continue
+            want = env[f"layers.{c.layer}.dsa.scores"][0][:prefill]
+            got = scores[c.layer][:prefill].to(want.device)
+            apart, scale = (got - want).abs().double(), score_scales(engine, env, c.layer, prefill)
+            assert (apart <= 2 ** -14 * scale).all(), (
+                f"step {i}, layer {c.layer}: scores {float((apart / scale).max()):.3g} of their "
+                "scale apart")
+    assert compared >= (1 - TIED_SHARE) * checked, "too many selections within a tie"
+    end = prefill + steps
+    for layer, names in engine.m["kv_cache"]["layers"].items():
         if "index_keys" not in names:
             continue
         b = engine.m["buffers"][names["index_keys"]]
         want = env[names["index_keys"]].float()
         got = engine.kv[b["offset"]: b["offset"] + b["numel"]].view(want.shape).float()
-        scale = float(want[:rows].abs().max())
-        assert torch.allclose(got[:rows], want[:rows], rtol=1e-2, atol=1e-3 * scale), names
-        assert not got[rows:].any(), "rows past the last step were written"
+        # a layer's key row of a step at which an earlier layer chose otherwise has other input
+        rows = [*range(prefill), *(prefill + i for i, d in enumerate(diverged) if d >= int(layer))]
+        scale = float(want[:end].abs().max())
+        assert torch.allclose(got[rows], want[rows], rtol=1e-2, atol=1e-3 * scale), names
+        assert not got[end:].any(), "rows past the last step were written"
 
 
 @pytest.mark.parametrize("name", DSA_MODELS)
