@@ -45,6 +45,9 @@ class StepProfile:
     # per op, the bytes the cost model counts it as reading (weights, and the KV cache at the
     # profiled context); empty when unknown
     op_bytes: dict[str, float] = field(default_factory=dict)
+    # the stamp buffer's rows past the profiled steps ([spare, tasks, 3]), where a kernel
+    # variant writes stamps of its own (tools/stream_probe.py); None without
+    spare: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.stamps.ndim != 3 or self.stamps.shape[2] != 3:
@@ -175,11 +178,14 @@ def print_op_table(table: OpTable, console: Console) -> None:
     console.print(out)
 
 
-def profile_engine(engine: Engine, first_token: int, steps: int) -> StepProfile:
+def profile_engine(engine: Engine, first_token: int, steps: int,
+                   spare_steps: int = 0) -> StepProfile:
     """Decode `steps` tokens after `first_token` from the engine's position with the kernel's
-    stamps on, and return them (the position is left where it was). Needs the GPU."""
+    stamps on, and return them (the position is left where it was), with the `spare_steps` rows
+    of the stamp buffer past them, which no decoded step's task stamps reach
+    (`StepProfile.spare`). Needs the GPU."""
     start = engine.position
-    engine.enable_profile(steps)
+    engine.enable_profile(steps + spare_steps)
     try:
         list(engine.generate([first_token], max_new_tokens=steps))
         stamps = engine.profile.cpu().numpy()
@@ -187,6 +193,7 @@ def profile_engine(engine: Engine, first_token: int, steps: int) -> StepProfile:
         engine.enable_profile(0)
         engine.position = start
     tasks = engine.tasks.cpu().numpy()
-    return StepProfile(stamps, task_ops(tasks, engine.m["counters"]),
+    return StepProfile(stamps[:steps], task_ops(tasks, engine.m["counters"]),
                        task_ctas(engine.stream_offsets.cpu().numpy(),
-                                 engine.stream_tasks.cpu().numpy(), tasks.shape[0]))
+                                 engine.stream_tasks.cpu().numpy(), tasks.shape[0]),
+                       spare=stamps[steps:] if spare_steps else None)

@@ -103,7 +103,8 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 # values as 8x16-byte core matrices (column c of row m at (c / 32) 2048 + (c % 32 / 16) 1024 +
 # m 16 + c % 16), then its S x C / 128 fp32 block scales (segment j's block b at j C / 128 + b;
 # the tile's rows share one 128-row scale block).
-TILE_UNIT_MAX_COLS = 256
+TILE_BLOCK_COLS = 128  # the one scale block width tiles take: a unit is one or two blocks
+TILE_UNIT_MAX_COLS = 2 * TILE_BLOCK_COLS
 TILE_M = 64  # rows of the tensor cores' operand: a tile's rows x its segments
 
 
@@ -118,30 +119,31 @@ def tile_rows(k: int) -> int:
     return TILE_M // tile_segments(k)
 
 
-def tile_unit_cols(k: int, block_cols: int = 128) -> int | None:
+def tile_unit_cols(k: int, block_cols: int = TILE_BLOCK_COLS) -> int | None:
     """C, the columns of a unit of a tiled row of k columns: 256 if it divides a segment, else
     128; None when k does not tile. Units of 1 or 2 blocks fill ring pages of any multiple of
     16448 B (passes/residency.py) to within 128 B."""
     segments = tile_segments(k)
-    if segments is None or block_cols != 128:
+    if segments is None or block_cols != TILE_BLOCK_COLS:
         return None
     return TILE_UNIT_MAX_COLS if (k // segments) % TILE_UNIT_MAX_COLS == 0 else block_cols
 
 
-def tile_unit_bytes(k: int, block_cols: int = 128) -> int:
+def tile_unit_bytes(k: int, block_cols: int = TILE_BLOCK_COLS) -> int:
     """Bytes of a unit of a tiled row of k columns: 64 C e4m3 values, then S C / 128 fp32
     scales."""
     cols, segments = tile_unit_cols(k, block_cols), tile_segments(k)
     return TILE_M * cols + 4 * segments * cols // block_cols
 
 
-def tiled_row_bytes(k: int, block_cols: int = 128) -> int:
+def tiled_row_bytes(k: int, block_cols: int = TILE_BLOCK_COLS) -> int:
     """Bytes per row of a tiled weight of k columns: a tile's units over its rows."""
     units = k // tile_segments(k) // tile_unit_cols(k, block_cols)
     return units * tile_unit_bytes(k, block_cols) // tile_rows(k)
 
 
-def pack_tiles(values: torch.Tensor, scales: torch.Tensor, block_cols: int = 128) -> torch.Tensor:
+def pack_tiles(values: torch.Tensor, scales: torch.Tensor,
+               block_cols: int = TILE_BLOCK_COLS) -> torch.Tensor:
     """e4m3 rows [n, k] (n a multiple of the tile's rows) with their row scales [n, k /
     block_cols] as tiles: uint8 [tiles, units x tile_unit_bytes(k)], each tile's units in
     order."""

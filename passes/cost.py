@@ -20,10 +20,11 @@ fp32 vector over NVLink (`Target.link_*`). The model is calibrated against `tile
 
 from __future__ import annotations
 
+from tilertc.ir.fp8 import TILE_BLOCK_COLS
 from tilertc.ir.graph import Op
 from tilertc.passes.program import Program, Task
 from tilertc.passes.sharding import ends_in_allreduce
-from tilertc.passes.tiling import is_fp8_rows, is_tiled
+from tilertc.passes.tiling import DENSE_PROJECTIONS, is_fp8_rows, is_tiled
 
 BOUNDARY_NS = 3000.0
 # llama-3.2-1b on the H200, 2026-11-30: attention spans 11.7 us per layer at 1k context, of
@@ -66,7 +67,7 @@ def predicted_task_ns(program: Program, task: Task) -> float:
     if task.opcode == "attention":
         return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
     op = program.graph.op(task.op)
-    if op.opcode in ("norm_matvec", "matvec_add") and is_fp8_rows(program, op):
+    if op.opcode in DENSE_PROJECTIONS and is_fp8_rows(program, op):
         return task.est_ns / FP8_ROW_STREAM_SHARE
     return task.est_ns
 
@@ -83,7 +84,7 @@ def digit_staging_ns(program: Program, op: Op) -> float:
     boundary: 0 for any other op."""
     if not is_tiled(program, op):
         return 0.0
-    blocks = op.attrs["K"] // 128  # tiles are of 128-column scale blocks only
+    blocks = op.attrs["K"] // TILE_BLOCK_COLS
     return DIGIT_ROUND_NS * -(-blocks // program.config["compute_warps"])
 
 

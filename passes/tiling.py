@@ -40,6 +40,7 @@ slice as `hidden` rows of the slice's width, so every SM streams the same bytes.
 from __future__ import annotations
 
 from tilertc.ir.fp8 import (
+    TILE_BLOCK_COLS,
     packed_row_bytes,
     tile_rows,
     tile_unit_bytes,
@@ -53,7 +54,8 @@ from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
 MAX_ATTENTION_CHUNKS = 32
 MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
-MATVEC = ("norm_matvec", "matvec_add", "head_matvec")
+DENSE_PROJECTIONS = ("norm_matvec", "matvec_add")
+MATVEC = (*DENSE_PROJECTIONS, "head_matvec")
 SPLIT_K_COLS = 8  # a split-K FFN slice is whole 16-byte pieces of bf16 down rows
 ROUTED = ("moe_gate_up", "moe_down_add")
 
@@ -116,13 +118,14 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
     1024; they then never straddle a scale block's rows), and whose K cuts into segments of
     whole blocks. Routed experts, MLA's head rows and other shapes keep their rows."""
     if (program.config["tuning"].get("fp8_mma") is False or program.tp > 1
-            or op.opcode not in ("norm_matvec", "matvec_add")):
+            or op.opcode not in DENSE_PROJECTIONS):
         return False
     ws = [program.graph.tensors[w] for w in _weights(op)]
     k = op.attrs["K"]
     return tile_unit_cols(k) is not None and all(
-        "scale_inv" in w.attrs and "scale_cols" not in w.attrs and w.attrs["block"][1] == 128
-        and w.attrs["block"][0] % tile_rows(k) == 0 and w.shape[0] % tile_rows(k) == 0 for w in ws)
+        "scale_inv" in w.attrs and "scale_cols" not in w.attrs
+        and w.attrs["block"][1] == TILE_BLOCK_COLS and w.attrs["block"][0] % tile_rows(k) == 0
+        and w.shape[0] % tile_rows(k) == 0 for w in ws)
 
 
 def is_tiled(program: Program, op) -> bool:

@@ -129,7 +129,7 @@ def run(artifacts: list[Path], step: int) -> None:
     from tilertc.engine import Engine
     from tilertc.ir.build import build_graph
     from tilertc.ir.weights import random_weights
-    from tilertc.profile import fold_layer, task_ctas, task_ops
+    from tilertc.profile import fold_layer, profile_engine
 
     by_model: dict[str, list[Path]] = {}
     for a in artifacts:
@@ -141,22 +141,15 @@ def run(artifacts: list[Path], step: int) -> None:
         for a in group:
             engine = Engine.load(a, weights=weights, device="cuda")
             pages = probe_pages(a)
-            tasks = engine.tasks.cpu().numpy()
-            n, ctas = tasks.shape[0], engine.stream_offsets.numel() - 1
+            n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
             list(engine.generate([1], max_new_tokens=8))  # warm: caches, clocks
-            engine.enable_profile(STEPS + -(-ctas * pages * 4 // (n * 3)))
-            list(engine.generate([5], max_new_tokens=STEPS))
-            flat = engine.profile.cpu().numpy().reshape(-1)
-            engine.enable_profile(0)
-            stamps = flat[:STEPS * n * 3].reshape(STEPS, n, 3)
-            log = flat[STEPS * n * 3:][:ctas * pages * 4].reshape(ctas, pages, 4)
-            ops = [fold_layer(o) for o in task_ops(tasks, engine.m["counters"])]
-            cta_of = task_ctas(engine.stream_offsets.cpu().numpy(),
-                               engine.stream_tasks.cpu().numpy(), n)
+            profile = profile_engine(engine, 5, STEPS, -(-ctas * pages * 4 // (n * 3)))
+            log = profile.spare.reshape(-1)[:ctas * pages * 4].reshape(ctas, pages, 4)
+            ops = [fold_layer(o) for o in profile.ops]
             print(f"== {a} (step {step} of {STEPS}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
                   f" {'stall/task':>11s} {'issue->seen':>12s}")
-            for r in op_streams(stamps, log, ops, cta_of, step):
+            for r in op_streams(profile.stamps, log, ops, profile.ctas, step):
                 print(f"  {r.op:28s} {r.tasks:6d} {r.staging_us:8.2f} {r.pages:6.1f} "
                       f"{r.page_compute_us:13.2f} {r.stall_us:11.2f} {r.flight_us:12.2f}")
             del engine
