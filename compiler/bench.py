@@ -16,7 +16,7 @@ import gc
 import json
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -84,6 +84,7 @@ class BenchConfig:
     weight_dtype: str | None = None  # "fp8" / "bf16" for the compile; None: the config's own
     backends: tuple[str, ...] = ("cuda",)  # one kernel per backend; the first is "tilertc"
     artifacts: tuple[Path, ...] = ()  # prebuilt kernels of the same model, timed as well
+    rounds: int = 1  # times each kernel is timed, in turns (round_order), all loaded at once
     # Config keys replaced before the spec is read (`load_spec`'s overrides): a variant of the
     # model, such as the few-layer ones `tilertc bench --per-layer` times.
     overrides: tuple[tuple[str, Any], ...] = ()
@@ -313,9 +314,10 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
 
 
 def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
-                name: str = "tilertc") -> Timing:
+                name: str = "tilertc") -> list[float]:
     """Prefill (the interpreter, untimed), warm up, then time `gen` tokens of one launch by
-    the host clock at which each token arrives through the host-mapped ring."""
+    the host clock at which each token arrives through the host-mapped ring: the seconds
+    between consecutive tokens, the launch's first interval left out."""
     engine.position = 0
     with phase(f"{name}: prefill of {prompt.numel() - 1} tokens (interpreter, not timed)"):
         # In chunks: the interpreter's attention holds [tokens, heads, context] scores.
@@ -333,7 +335,13 @@ def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
     if len(arrivals) != gen:
         raise RuntimeError(f"the kernel stopped after {len(arrivals)} of {gen} tokens")
     # The first interval carries the launch; the others are the steady token loop.
-    return Timing.from_seconds(arrival_intervals(start, arrivals)[1:])
+    return arrival_intervals(start, arrivals)[1:]
+
+
+def round_order(names: Sequence[str], r: int) -> list[str]:
+    """The kernels' timing order in round r of `--rounds`: as given, then reversed, and so on,
+    so that none is always timed first (on a GPU that has warmed up the least)."""
+    return list(names) if r % 2 == 0 else list(reversed(names))
 
 
 def time_baseline(name: str, spec: ModelSpec, weights: dict[str, torch.Tensor],
@@ -387,7 +395,20 @@ def run_bench(config: BenchConfig,
     details: dict[str, str] = {}
     records: dict[str, dict[str, Any]] = {}
     profile = None
-    for name, artifact, km in kernels:  # one engine at a time: each has the GPU to itself
+    intervals: list[dict[str, list[float]]] = [{} for _ in config.points]
+
+    def time_points(engine: Any, name: str) -> None:
+        nonlocal profile
+        for i, ((_, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
+            intervals[i].setdefault(name, []).extend(time_kernel(engine, prompt, gen, phase, name))
+            if config.profile and profile is None:
+                with phase(f"{name}: {min(PROFILE_STEPS, gen)} profiled steps"):
+                    profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
+
+    # With one round, one engine at a time: each has the GPU to itself. With more, all stay
+    # loaded and take turns (round_order).
+    engines: dict[str, Any] = {}
+    for name, artifact, km in kernels:
         with phase(f"{name}: loading the kernel ({km['options']['backend']} backend)"):
             engine = Engine.load(artifact, weights=weights, device=config.device)
         with phase(f"{name}: correctness gate, kernel vs interpreter vs kernel-per-op"):
@@ -398,14 +419,20 @@ def run_bench(config: BenchConfig,
                                       "max_seq_len": km["max_seq_len"],
                                       "options": km["options"]}, "gate": gate.to_dict()}
         details[name] = f"persistent kernel ({km['options']['backend']}), artifact {km['hash']}"
-        for i, ((_, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
-            results[i][name] = time_kernel(engine, prompt, gen, phase, name)
-            if config.profile and profile is None:
-                with phase(f"{name}: {min(PROFILE_STEPS, gen)} profiled steps"):
-                    profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
         device_name = torch.cuda.get_device_name(engine.device)
+        if config.rounds > 1:
+            engines[name] = engine
+        else:
+            time_points(engine, name)
         del engine
         free_gpu()
+    for r in range(config.rounds if engines else 0):
+        for name in round_order(list(engines), r):
+            time_points(engines[name], name)
+    engines.clear()
+    free_gpu()
+    for i, times in enumerate(intervals):
+        results[i].update({name: Timing.from_seconds(t) for name, t in times.items()})
     points = []
     for i, ((context, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
         for name in config.systems:

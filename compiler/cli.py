@@ -313,6 +313,11 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 @click.option("--artifact", "artifacts", multiple=True, type=click.Path(exists=True,
               file_okay=False), help="Also time this prebuilt artifact of the same model "
               "(e.g. a TileLang build from a machine with TileLang; repeatable).")
+@click.option("--rounds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Time each kernel (tilertc, --backend, --artifact) this many times, taking "
+                   "turns in alternating order, all loaded at once (GPU memory for each); the "
+                   "tables give the statistics over every round's tokens. For comparing "
+                   "kernels whose difference is small.")
 @WEIGHT_DTYPE
 @click.option("--per-layer", is_flag=True,
               help="Time one full-width layer of each kind (dense, MoE) by difference of a "
@@ -327,7 +332,7 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
                   tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
                   tune: tuple[str, ...], backends: str, artifacts: tuple[str, ...],
-                  weight_dtype: str | None, per_layer: bool, layers_timed: int | None,
+                  rounds: int, weight_dtype: str | None, per_layer: bool, layers_timed: int | None,
                   allreduce_us: float | None, device: str) -> None:
     """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
     graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
@@ -375,7 +380,7 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
                          out=Path(out_dir or f"bench-{name}"), systems=chosen, weights=weights,
                          seed=seed, tp=tp, device=device, profile=profile, tuning=tuning,
                          backends=chosen_backends, artifacts=tuple(map(Path, artifacts)),
-                         weight_dtype=weight_dtype,
+                         rounds=rounds, weight_dtype=weight_dtype,
                          command=" ".join(["tilertc", *sys.argv[1:]]))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables to 80 columns

@@ -694,9 +694,16 @@ def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> Non
     monkeypatch.setattr(bench, "PREFILL_CHUNK", 16)
     engine = InterpreterEngine("llama-tiny")
     prompt = torch.arange(40) % engine.spec.vocab_size
-    timing = bench.time_kernel(engine, prompt, 6, bench.quiet_phase)
+    timing = Timing.from_seconds(bench.time_kernel(engine, prompt, 6, bench.quiet_phase))
     assert engine.prefills == [16, 16, 7] and engine.position == 39
     assert timing.tokens == 5 and 0 < timing.ms_median <= timing.ms_p90
+
+
+def test_rounds_take_turns_in_alternating_order() -> None:
+    from tilertc.bench import round_order
+
+    names = ["tilertc", "tilertc-a", "tilertc-b"]
+    assert [round_order(names, r) for r in range(3)] == [names, names[::-1], names]
 
 
 
