@@ -112,8 +112,8 @@ MODELS = ["llama-tiny", "qwen3-tiny", "llama-tiny-odd", "llama-3.2-1b", "qwen3-0
 PREFILL, STEPS = 100, 64
 # At most this share of the steps (or choices) may differ from the interpreter's within a tie:
 # with FP8 tile projections an indexer's scores carry their input's rounding (about 1e-5 of
-# `score_scales`), and at a 3000-token context a quarter of the steps swapped two tokens at the
-# cut of 2048 (DeepSeek-V3.2 and GLM-5 at full size, H200); such steps are not compared.
+# `score_scales`), and at a 3000-token context 3 to 6 steps of 16 swapped two tokens at the cut
+# of 2048 (DeepSeek-V3.2, GLM-5 at full size, H200, session 19); such steps are not compared.
 TIED_SHARE = 0.5
 
 
