@@ -46,13 +46,16 @@ class ChoiceCheck:
         return f"layer {self.layer} {self.op}: {self.detail}"
 
 
+_KIND = {"moe_router": "routing", "dsa_topk": "selection"}  # the ops that choose
+
+
 def check_choices(engine: Any, env: dict[str, torch.Tensor]) -> list[ChoiceCheck]:
     """Every router's and indexer's choice at the engine's last step, in the graph's order,
     against the interpreter's (`env`, the same step); the ones after the first that differs
     are `downstream`."""
     out: list[ChoiceCheck] = []
     for op in engine.graph.ops():
-        if op.opcode not in ("moe_router", "dsa_topk"):
+        if op.opcode not in _KIND:
             continue
         if out and not out[-1].same:
             out.append(ChoiceCheck(op.layer, _KIND[op.opcode], False, downstream=True))
@@ -61,9 +64,6 @@ def check_choices(engine: Any, env: dict[str, torch.Tensor]) -> list[ChoiceCheck
         else:
             out.append(_selection(engine, op, env))
     return out
-
-
-_KIND = {"moe_router": "routing", "dsa_topk": "selection"}
 
 
 def _routing(engine: Any, op: Any, env: dict[str, torch.Tensor]) -> ChoiceCheck:
