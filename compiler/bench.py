@@ -38,7 +38,7 @@ from tilertc.bench_report import (
     print_point,
     token_bytes,
 )
-from tilertc.choice_check import check_choices
+from tilertc.choice_check import CHOOSING_OPS, check_choices
 from tilertc.compile_report import StageDisplay
 from tilertc.driver import TUNING_FLAGS, TUNING_KNOBS, schedule_tuning
 from tilertc.inspect import human_bytes
@@ -281,7 +281,7 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
     prompt = torch.randint(0, engine.spec.vocab_size, (GATE_PROMPT,), generator=gen)
     engine.position = 0
     engine.prefill(prompt[:-1])
-    choosers = any(op.opcode in ("moe_router", "dsa_topk") for op in engine.graph.ops())
+    choosers = any(op.opcode in CHOOSING_OPS for op in engine.graph.ops())
     ref = engine.reference(torch.bfloat16 if choosers else None)
     token, tokens, got, want, tied, wrong = int(prompt[-1]), [], [], [], [], []
     for i in range(GATE_MAX_STEPS):
@@ -426,11 +426,12 @@ def run_bench(config: BenchConfig,
             time_points(engine, name)
         del engine
         free_gpu()
-    for r in range(config.rounds if engines else 0):
-        for name in round_order(list(engines), r):
-            time_points(engines[name], name)
-    engines.clear()
-    free_gpu()
+    if engines:  # --rounds > 1
+        for r in range(config.rounds):
+            for name in round_order(list(engines), r):
+                time_points(engines[name], name)
+        engines.clear()
+        free_gpu()
     for i, times in enumerate(intervals):
         results[i].update({name: Timing.from_seconds(t) for name, t in times.items()})
     points = []

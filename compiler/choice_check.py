@@ -13,6 +13,7 @@ interpreter's tensors of the same step (`env`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -46,27 +47,49 @@ class ChoiceCheck:
         return f"layer {self.layer} {self.op}: {self.detail}"
 
 
-_KIND = {"moe_router": "routing", "dsa_topk": "selection"}  # the ops that choose
+CHOOSING_OPS = {"moe_router": "routing", "dsa_topk": "selection"}  # opcode: what it chooses
+
+
+class _KernelChoices:
+    """The engine's routing, selection and index scores of its last step, each read from the
+    device once (each of its methods reads every layer's) and only where a check asks."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    @cached_property
+    def routing(self) -> dict[int, tuple[list[int], list[float]]]:
+        return self.engine.routing()
+
+    @cached_property
+    def selection(self) -> dict[int, list[int]]:
+        return self.engine.selection()
+
+    @cached_property
+    def index_scores(self) -> dict[int, torch.Tensor]:
+        return self.engine.index_scores()
 
 
 def check_choices(engine: Any, env: dict[str, torch.Tensor]) -> list[ChoiceCheck]:
     """Every router's and indexer's choice at the engine's last step, in the graph's order,
     against the interpreter's (`env`, the same step); the ones after the first that differs
     are `downstream`."""
+    kernel = _KernelChoices(engine)
     out: list[ChoiceCheck] = []
     for op in engine.graph.ops():
-        if op.opcode not in _KIND:
+        if op.opcode not in CHOOSING_OPS:
             continue
         if out and not out[-1].same:
-            out.append(ChoiceCheck(op.layer, _KIND[op.opcode], False, downstream=True))
+            out.append(ChoiceCheck(op.layer, CHOOSING_OPS[op.opcode], False, downstream=True))
         elif op.opcode == "moe_router":
-            out.append(_routing(engine, op, env))
+            out.append(_routing(engine, kernel, op, env))
         else:
-            out.append(_selection(engine, op, env))
+            out.append(_selection(engine, kernel, op, env))
     return out
 
 
-def _routing(engine: Any, op: Any, env: dict[str, torch.Tensor]) -> ChoiceCheck:
+def _routing(engine: Any, kernel: _KernelChoices, op: Any, env: dict[str, torch.Tensor]
+             ) -> ChoiceCheck:
     """The router's experts against the interpreter's. Under expert parallelism each rank's
     slots are compared with the interpreter's routing as that rank keeps it (`local_routes`)."""
     def weight(name: str) -> torch.Tensor:  # the engine keeps its checkpoint on the host
@@ -74,7 +97,7 @@ def _routing(engine: Any, op: Any, env: dict[str, torch.Tensor]) -> ChoiceCheck:
 
     ids, weights = env[op.outputs[0]].cpu(), env[op.outputs[1]].cpu()
     if getattr(engine, "engines", None) is None:
-        chosen, got_w = engine.routing()[op.layer]
+        chosen, got_w = kernel.routing[op.layer]
         wanted = ids[0].tolist()
         same_w = chosen == wanted and torch.allclose(
             torch.tensor(got_w), weights[0].float(), rtol=WEIGHT_RTOL, atol=WEIGHT_ATOL)
@@ -146,19 +169,20 @@ def _routing_gap(chosen: list[int], wanted: list[int],
     return next(closeness(e, f) for e, f in zip(chosen, wanted, strict=True) if e != f)
 
 
-def _selection(engine: Any, op: Any, env: dict[str, torch.Tensor]) -> ChoiceCheck:
+def _selection(engine: Any, kernel: _KernelChoices, op: Any, env: dict[str, torch.Tensor]
+               ) -> ChoiceCheck:
     """The indexer's top-k against the interpreter's. Where the token sets differ, each token
     in one and not the other must score (the interpreter's score) within twice the kernel's
     largest score error of the interpreter's cut: if the kernel's scores are each within d of
     the interpreter's, only such tokens can change places. That error must itself be rounding
     (`SCORE_ROUNDING` of `score_scales`)."""
-    got = engine.selection()[op.layer]
+    got = kernel.selection[op.layer]
     want = env[op.outputs[0]][0].tolist()
     if got == want:
         return ChoiceCheck(op.layer, "selection", True)
     n = engine.position
     scores = env[op.inputs[0]][0][:n].double()
-    error = (engine.index_scores()[op.layer][:n].to(scores.device).double() - scores).abs()
+    error = (kernel.index_scores[op.layer][:n].to(scores.device).double() - scores).abs()
     off = float((error / score_scales(engine, env, op.layer, n).to(scores.device)).max())
     apart = sorted(set(got) ^ set(want))
     if -1 in apart or off > SCORE_ROUNDING:

@@ -25,9 +25,11 @@ from pathlib import Path
 import numpy as np
 from kernel_variant import make_variant
 
+# a task's stamps; in a probe variant a matrix-vector task's START is where its staging ended
+from tilertc.profile import DEPS_MET, DONE, START
+
 STEPS = 4  # decode steps of the stamped launch (the page stamps lie past them)
 ISSUED, WAITING, SEEN, RELEASED = range(4)  # a page's stamps
-START, DEPS_MET, DONE = range(3)  # a task's (START: where staging ended, for matrix-vector tasks)
 
 
 def page_stamps(index: str) -> str:
