@@ -2,17 +2,20 @@
 
 The input norm's projections (q_a or q, kv_a, the indexer's key and head weights) and the q_a
 norm's (q_b, the indexer's queries) are `norm_matvec`s (fusion.py). What follows them in one
-layer becomes:
+layer becomes, in this program order:
 
+- `dsa_score` (DSA): the indexer's scores over the context, in chunks; the last chunk (which
+  holds the current position) runs the key prologue (LayerNorm, RoPE) and appends the key.
+- `dsa_topk` (DSA): the top-k token ids of the scores.
+  The indexer comes first in program order: both it and the q absorption start when q_b is
+  done, and its chain to attention (scores, then top-k) is the longer, so it takes the SMs it
+  needs first and the q absorption the rest (tiling: `sms_beside`).
 - `head_matvec` (q_absorb): q_latent[h] = q_nope[h]·W_uk[h], a matrix-vector product whose
   output rows (h, r) each read the head's own input against the rows of W_ukᵀ (derived weight
   `kv_b_proj.w_uk_t`, packed transposed at load time). Its first task also runs the latent
   prologue (split of kv_a, kv_a_layernorm, RoPE of k_pe) and appends the step's latent row to
   the cache, so that every attention chunk that follows finds it there: with DSA the current
   position can sit in any chunk of the top-k list, so no single chunk could own the append.
-- `dsa_score` (DSA): the indexer's scores over the context, in chunks; the last chunk (which
-  holds the current position) runs the key prologue (LayerNorm, RoPE) and appends the key.
-- `dsa_topk` (DSA): the top-k token ids of the scores.
 - `mla_attention`: chunked like GQA attention, by head group and by chunk of the context (of
   the top-k list with DSA); each chunk rotates its heads' q_pe; the last chunk of a group to
   finish merges it.
@@ -49,14 +52,14 @@ def fuse_mla(f: Fusion, first: Op) -> None:
     q, q_off = f.locate(q_rope.inputs[0])
     kv_a, kv_off = f.locate(split.inputs[0])
     cache = append.outputs[0]
+    topk = attn.inputs[4] if len(attn.inputs) > 4 else None
+    if any(op.opcode == "dsa_index_score" for op in ops):
+        _fuse_dsa(f, ops)
     f.emit(absorb.name, "head_matvec", [q, w_uk_t, kv_a, latent_norm.inputs[1]],
            [absorb.outputs[0], cache], first.layer,
            [absorb, split, latent_norm, k_pe_rope, append], K=nope, rows=nh * r,
            rows_per_head=r, in_stride=qk, io={"x": [q, q_off], "kv_a": [kv_a, kv_off]},
            eps=latent_norm.attrs["eps"], **dims)
-    topk = attn.inputs[4] if len(attn.inputs) > 4 else None
-    if any(op.opcode == "dsa_index_score" for op in ops):
-        _fuse_dsa(f, ops)
     f.emit(attn.name, "mla_attention", [absorb.outputs[0], q, cache, *([topk] if topk else [])],
            list(attn.outputs), first.layer, [q_rope, attn], io={"q": [q, q_off]},
            scale=a["scale"], rope=q_rope.attrs["rope"], dsa=topk is not None, **dims)

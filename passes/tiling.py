@@ -39,6 +39,8 @@ slice as `hidden` rows of the slice's width, so every SM streams the same bytes.
 
 from __future__ import annotations
 
+import networkx as nx
+
 from tilertc.ir.fp8 import (
     TILE_BLOCK_COLS,
     packed_row_bytes,
@@ -188,7 +190,8 @@ def _tile_rows(program: Program, op) -> None:
         program.graph.tensors[w].attrs["tiled"] = True
     rows, rb = op.attrs["rows"], row_bytes(program, op)
     quantum = tile_rows(op.attrs["K"]) if tiled else 1
-    n = min(rows // quantum, program.target.num_sms)
+    sms, beside = sms_beside(program, op)
+    n = min(rows // quantum, sms)
     bounds = [quantum * b for b in _bounds(rows // quantum, n)]
     for i in range(n):
         r0, r1 = bounds[i], bounds[i + 1]
@@ -200,7 +203,29 @@ def _tile_rows(program: Program, op) -> None:
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{min(sizes)}-{max(sizes)} rows" + (
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
-                       f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else ""))
+                       f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
+                       f", on the SMs that {', '.join(beside)} leave" if beside else ""))
+
+
+def sms_beside(program: Program, op) -> tuple[int, list[str]]:
+    """The SMs a matrix-vector op is tiled over, and the ops it leaves SMs to: those earlier
+    in program order that run after its last producer too and that it does not wait for,
+    when their tasks leave it at least half the SMs (the DSA indexer's scores and top-k beside
+    MLA's q absorption: 33 tasks, so the absorption takes 99 SMs and both run at once); else
+    every SM, the op then queueing behind them where they share an SM."""
+    g, sms = program.graph, program.target.num_sms
+    names = list(g.nx.nodes)  # program order, a topological order
+    order = {name: i for i, name in enumerate(names)}
+    producers = [p for p in g.nx.predecessors(op.name) if p != op.name]
+    if not producers:
+        return sms, []
+    start = max(producers, key=order.__getitem__)
+    # every path from the start to the op runs between the two in program order
+    window = g.nx.subgraph(names[order[start]:order[op.name] + 1])
+    beside = sorted(nx.descendants(window, start) - nx.ancestors(window, op.name) - {op.name},
+                    key=order.__getitem__)
+    left = sms - sum(g.op(b).attrs["tile"]["tasks"] for b in beside)
+    return (left, beside) if beside and 2 * left >= sms else (sms, [])
 
 
 def split_k_slices(program: Program, op) -> list[int]:

@@ -593,7 +593,7 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
         run_matvec(p, s, t, mine, ct);
         if (t[F_EPILOGUE] == EPI_ARGMAX) sample_lm_head(p, s, t, pos, ct);
 #if MLA
-        if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, t, pos, ct);
+        if (t[F_OPCODE] == OP_HEAD_MATVEC && t[F_APPEND]) mla_append_latent(p, s, t, pos, ct);
 #endif
         break;
 #if MLA

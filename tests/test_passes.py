@@ -138,7 +138,7 @@ def test_fusion_of_moe_mla_and_dsa_blocks() -> None:
               if op.layer == 1]
     assert layer1 == [
         ("attn_in_proj", "norm_matvec"), ("q_b_proj", "norm_matvec"),
-        ("q_absorb", "head_matvec"), ("dsa.score", "dsa_score"), ("dsa.topk", "dsa_topk"),
+        ("dsa.score", "dsa_score"), ("dsa.topk", "dsa_topk"), ("q_absorb", "head_matvec"),
         ("attention", "mla_attention"), ("v_expand", "head_matvec"), ("o_proj", "matvec_add"),
         ("moe.router", "norm_matvec"), ("ffn.shared_experts.gate_up_proj", "norm_matvec"),
         ("moe.topk", "moe_topk"), ("moe.gate_up", "moe_gate_up"),
@@ -304,6 +304,18 @@ def test_scheduling_balances_streamed_time_and_keeps_op_order() -> None:
     for stream in after.streams:
         ops = [order[after.tasks[i].op] for i in stream]
         assert ops == sorted(ops)
+
+
+def test_the_dsa_indexer_runs_beside_the_q_absorption() -> None:
+    """Both start when q_b is done; the indexer (first in program order) takes its 32 + 1
+    SMs, the q absorption the other 99, so neither queues behind the other."""
+    before, after = until("deepseek-v3.2", schedule_pass, num_hidden_layers=1,
+                          first_k_dense_replace=1)
+    absorb, indexer = (after.tasks_of(f"layers.0.{op}") for op in ("q_absorb", "dsa.score"))
+    assert len(absorb) == 99 and len(indexer) == 32
+    assert before.graph.op("layers.0.q_absorb").attrs["tile"]["tasks"] == 99  # tiling decided
+    indexer_sms = {t.sm for t in [*indexer, *after.tasks_of("layers.0.dsa.topk")]}
+    assert len(indexer_sms) == 33 and not indexer_sms & {t.sm for t in absorb}
 
 
 def test_packing_lays_each_sm_out_contiguously_and_experts_apart() -> None:

@@ -2398,21 +2398,29 @@ __device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs,
 // The latent prologue, run by the first q-absorption task (passes/fusion_mla.py says why
 // there): from the kv_a part of the input projection (F_AUX2), RMS-normalize the latent with
 // kv_a_layernorm (F_AUX, F_EPS), rotate k_pe, and write the row at `pos` of the layer's cache
-// (F_KCACHE). One warp; the task's signal publishes the row to the attention tasks.
-__device__ void mla_append_latent(const Params& p, const int* t, long long pos, int ct) {
-  if (ct >= 32) return;
+// (F_KCACHE). Every compute thread takes dims (one each where MLA_RANK <= NT, as in DeepSeek-V3.2
+// and GLM-5), so the row costs about one round trip to L2: one warp walking the dims took ~10 µs
+// (a load behind each store), the longest task of DeepSeek-V3.2's q absorption, which attention
+// waits for. The task's signal publishes the row to the attention tasks.
+__device__ void mla_append_latent(const Params& p, Shared& s, const int* t, long long pos, int ct) {
   const float* kv = p.act + t[F_AUX2];
   const float* gamma = p.act + t[F_AUX];
   const float* cs = p.act + p.rope_offset + pos * MLA_ROPE;
   __nv_bfloat16* row = p.kv + t[F_KCACHE] + pos * MLA_W;
   float ss = 0.f;
-  for (int d = ct; d < MLA_RANK; d += 32) {
+  for (int d = ct; d < MLA_RANK; d += NT) {
     const float x = __ldcg(kv + d);
     ss += x * x;
   }
-  const float rstd = rsqrtf(warp_sum(ss) / MLA_RANK + __int_as_float(t[F_EPS]));
-  for (int d = ct; d < MLA_RANK; d += 32) row[d] = __float2bfloat16(__ldcg(kv + d) * rstd * __ldcg(gamma + d));
-  for (int i = ct; i < MLA_ROPE / 2; i += 32) {
+  ss = warp_sum(ss);
+  compute_sync();  // the task's own reductions are done with s.red
+  if ((ct & 31) == 0) s.red[ct >> 5] = ss;
+  compute_sync();
+  ss = 0.f;
+  for (int w = 0; w < COMPUTE_WARPS; ++w) ss += s.red[w];
+  const float rstd = rsqrtf(ss / MLA_RANK + __int_as_float(t[F_EPS]));
+  for (int d = ct; d < MLA_RANK; d += NT) row[d] = __float2bfloat16(__ldcg(kv + d) * rstd * __ldcg(gamma + d));
+  for (int i = ct; i < MLA_ROPE / 2; i += NT) {
     const int2 d = rope_pair(i);
     const float2 r = rope_rotate(__ldcg(kv + MLA_RANK + d.x), __ldcg(kv + MLA_RANK + d.y), cs, i);
     row[MLA_RANK + d.x] = __float2bfloat16(r.x);
@@ -3049,7 +3057,7 @@ __device__ void run_compute(const Params& p, Shared& s) {
 #if MLA
         case OP_HEAD_MATVEC:
           run_matvec(p, s, t, consumed, opaque(ct));
-          if (t[F_APPEND]) mla_append_latent(p, t, pos, opaque(ct));
+          if (t[F_APPEND]) mla_append_latent(p, s, t, pos, opaque(ct));
           break;
         case OP_MLA_ATTENTION: signal = run_mla_attention(p, s, t, step, pos, opaque(ct)); break;
 #endif
