@@ -55,17 +55,16 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def mla_staged_floats(heads: int, rank: int, rope: int, chunks: int) -> int:
+def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
     """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh: MlaStage, whose
-    static_assert checks the fixed part against MAX_K): the queries of a 16-row mma tile as
-    bf16 hi and lo, a block of `MLA_KEYS` cache rows (bf16; rows and queries padded to a
-    multiple of 64 values plus 8, so that fragment loads hit distinct banks), the block's
-    scores summed over each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows
-    of MLA_KEYS + 8), each head's softmax state, the position's RoPE cos | sin, and the
-    merge's factor of each chunk per head."""
+    static_assert checks it against MAX_K): the queries of a 16-row mma tile as bf16 hi and
+    lo, a block of `MLA_KEYS` cache rows (bf16; rows and queries padded to a multiple of 64
+    values plus 8, so that fragment loads hit distinct banks), the block's scores summed over
+    each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows of MLA_KEYS + 8),
+    each head's softmax state and the position's RoPE cos | sin."""
     row = -(-(rank + rope) // 64) * 64 + 8
     tile = MLA_TILE_ROWS * row + MLA_KEYS * row // 2 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
-    return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + heads * (3 + chunks) + rope
+    return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + 3 * heads + rope
 
 
 def dsa_staged_floats(heads: int, dim: int) -> int:
@@ -81,20 +80,21 @@ def dsa_staged_floats(heads: int, dim: int) -> int:
 
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span; an MLA chunk see `mla_staged_floats`; a DSA chunk see
-    `dsa_staged_floats`."""
+    its rows span (v expansion, which merges them, also each chunk's factor per head); an MLA
+    chunk see `mla_staged_floats`; a DSA chunk see `dsa_staged_floats`."""
     g = program.graph
     need = [0]
     for t in program.tasks:
         if t.opcode == "head_matvec":
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
-            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * a["K"])
+            chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
+            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * (a["K"] + chunks))
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":
             need.append(mla_staged_floats(a["tile"]["heads_per_task"], a["kv_lora_rank"],
-                                          a["qk_rope_head_dim"], a["tile"]["chunks"]))
+                                          a["qk_rope_head_dim"]))
         elif op.opcode == "dsa_score":
             need.append(dsa_staged_floats(a["n_heads"], a["head_dim"]))
     return max(need)
@@ -232,7 +232,8 @@ def place(program: Program) -> Program:
         program.buffers["attn_partials"] = Buffer("attn_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
     mla = [op.attrs for op in g.ops() if op.opcode == "mla_attention"]
-    if mla:  # chunk results of MLA attention, one buffer for every layer as for GQA
+    if mla:  # chunk results of MLA attention, one buffer for every layer as for GQA (their
+        # merge is v_expand's staging, which the next layer's attention waits for too)
         part = max(
             a["tile"]["tasks"] * a["tile"]["heads_per_task"] * (a["kv_lora_rank"] + 2) for a in mla
         )

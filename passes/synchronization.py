@@ -55,7 +55,7 @@ def synchronize(program: Program) -> Program:
     program.counters = [Counter(op.name, ntasks[op.name]) for op in ops]
     arrive_base = {}
     for op in ops:  # chunked attention: one arrival counter per KV group (see tiling)
-        if "chunks" in op.attrs["tile"]:
+        if op.attrs["tile"].get("merge") == "last chunk":
             arrive_base[op.name] = len(program.counters)
             program.counters += [Counter(f"{op.name}.arrivals[{g}]", op.attrs["tile"]["chunks"])
                                  for g in range(op.attrs["tile"]["signals"])]

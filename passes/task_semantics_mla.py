@@ -3,10 +3,12 @@
 - `head_matvec` rows [r0, r1) cover heads h0..h1: the task runs the interpreter's
   `mla_absorb_q` (or `mla_expand_v`) on those heads' inputs and kv_b rows, and keeps its rows.
   Task 0 of the absorb op also runs the latent prologue (`split`, `rms_norm`, `rope`) and
-  appends the step's latent row with `mla_kv_append`.
+  appends the step's latent row with `mla_kv_append`. The expand op (`merges`) takes its
+  heads' inputs as the merge of the attention's chunk results in `mla_partials`, and writes
+  the heads whose first row it holds to the attention's output.
 - `mla_attention` task g * chunks + c: heads [g·G, (g+1)·G), chunk c of the context (of the
   top-k list with DSA, whose rows it gathers); `rope` on its queries, then `mla_attention` on
-  the chunk's rows; partial results in `mla_partials`, merged per head group.
+  the chunk's rows; partial results in `mla_partials`, merged by the expand op's tasks.
 - `dsa_score` task c: `rope` on the indexer queries, `dsa_index_score` on chunk c; the last
   chunk runs `layer_norm` and `rope` on the new key and appends it with `kv_append`.
 - `dsa_topk`: `dsa_topk` on the visible scores.
@@ -28,9 +30,9 @@ from tilertc.passes.task_semantics import (
     Context,
     TaskKind,
     chunk_bounds,
-    chunk_merge,
     chunk_result,
     chunk_step,
+    merge_chunks,
     read,
     run,
     source,
@@ -58,8 +60,15 @@ def _head_matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     op = program.graph.op(t.op)
     a = op.attrs
     h0, h1 = _heads(op, t)
-    base, off = a["io"]["x"]
-    out = [read(base, off + h0 * a["in_stride"], off + h1 * a["in_stride"])]
+    if "merges" in a:  # every chunk's result of the head groups the task's heads are in
+        heads, _, chunks, part = _mla_geometry(program.graph.op(a["merges"]))
+        first = -(-t.rows[0] // a["rows_per_head"])  # the first head whose first row it holds
+        out = [read("mla_partials", h0 // heads * chunks * part, -(-h1 // heads) * chunks * part)]
+        if first < h1:
+            out.append(write(op.inputs[0], first * a["K"], h1 * a["K"]))
+    else:
+        base, off = a["io"]["x"]
+        out = [read(base, off + h0 * a["in_stride"], off + h1 * a["in_stride"])]
     if "kv_a" in a["io"] and t.index == 0:
         kv, kv_off = a["io"]["kv_a"]
         width = a["kv_lora_rank"] + a["qk_rope_head_dim"]
@@ -72,8 +81,14 @@ def _head_matvec(ctx: Context, t: Task) -> None:
     a = op.attrs
     h0, h1 = _heads(op, t)
     main = next(o for o in sources(ctx, op) if o.opcode in ("mla_absorb_q", "mla_expand_v"))
-    base, off = a["io"]["x"]
-    x = ctx.read(base, off + h0 * a["in_stride"], off + h1 * a["in_stride"])[None]
+    if "merges" in a:
+        x = _merged_heads(ctx, ctx.program.graph.op(a["merges"]), h0, h1)[None]
+        first = -(-t.rows[0] // a["rows_per_head"])
+        if first < h1:
+            ctx.write(op.inputs[0], first * a["K"], x[0, (first - h0) * a["K"]:])
+    else:
+        base, off = a["io"]["x"]
+        x = ctx.read(base, off + h0 * a["in_stride"], off + h1 * a["in_stride"])[None]
     per_head = a["qk_nope_head_dim"] + a["v_head_dim"]
     kv_b = ctx.weight(main.inputs[1])[h0 * per_head:h1 * per_head]
     y = run(main.opcode, main, [x, kv_b], ctx, n_heads=h1 - h0)[0]
@@ -81,6 +96,15 @@ def _head_matvec(ctx: Context, t: Task) -> None:
     ctx.write(op.outputs[0], t.rows[0], y[t.rows[0] - first:t.rows[1] - first])
     if "kv_a" in a["io"] and t.index == 0:
         _latent_prologue(ctx, op)
+
+
+def _merged_heads(ctx: Context, attn: Op, h0: int, h1: int) -> torch.Tensor:
+    """Heads h0..h1 of mla_attention `attn`'s output: each head group's chunk results merged."""
+    heads, r, chunks, part = _mla_geometry(attn)
+    groups = [merge_chunks(ctx, "mla_partials", g * chunks * part, chunks, heads, r)
+              for g in range(h0 // heads, -(-h1 // heads))]
+    first = h0 // heads * heads
+    return torch.cat(groups)[(h0 - first) * r:(h1 - first) * r]
 
 
 def _latent_prologue(ctx: Context, op: Op) -> None:
@@ -186,8 +210,7 @@ def _mla_attention(ctx: Context, t: Task) -> None:
     ctx.write("mla_partials", ch.partial[0], result)
 
 
-KINDS["mla_attention"] = TaskKind(_mla_attention_accesses, _mla_attention,
-                                  *chunk_merge(_mla_geometry, "mla_partials"))
+KINDS["mla_attention"] = TaskKind(_mla_attention_accesses, _mla_attention)
 
 
 # -- DSA indexer -------------------------------------------------------------------------------

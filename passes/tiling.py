@@ -15,8 +15,9 @@ over the group count (capped at 32, or at the `attn_chunks` knob, to try fewer; 
 The chunks' partial softmax results are merged by the last chunk task of the group to finish,
 which alone signals the op; it stages the chunks' results in shared memory a batch at a time
 (`merge_chunks` of them, as many as fit a third of it: with many query heads per group, e.g.
-Qwen3-30B-A3B's 8 of 128 dims, 17 of its 32 chunks), so that
-the chunk count follows the SMs, not shared memory, and the ring keeps the rest.
+Qwen3-30B-A3B's 8 of 128 dims, 17 of its 32 chunks), so that the chunk count follows the SMs,
+not shared memory, and the ring keeps the rest. MLA's are merged by v_expand's tasks as they
+stage their heads (passes/fusion_mla.py says why), so every MLA chunk task signals.
 MLA attention is tiled the same way with groups of up to `MLA_HEADS_PER_TASK` heads (they all
 share the latent cache; the group size bounds what a task stages), over the context or, with
 DSA, over the top-k list. The DSA indexer's scores are tiled by context chunk. The routed
@@ -317,9 +318,10 @@ def _tile_routed(program: Program, op) -> None:
 
 
 def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
-                  row_bytes_: int, what: str) -> None:
-    """Tasks per (group, context chunk); the last chunk of a group to finish merges it. At most
-    MAX_ATTENTION_CHUNKS chunks per group, or the `attn_chunks` knob's."""
+                  row_bytes_: int, what: str, merge: str = "last chunk") -> None:
+    """Tasks per (group, context chunk). At most MAX_ATTENTION_CHUNKS chunks per group, or the
+    `attn_chunks` knob's. `merge`: who merges a group's chunk results, the last chunk of the
+    group to finish (which alone signals) or the consumer op named (every chunk signals)."""
     cap = program.config["tuning"].get("attn_chunks", MAX_ATTENTION_CHUNKS)
     if cap < 1:
         raise ScheduleError(f"attn_chunks={cap}: attention needs at least one chunk per group")
@@ -328,11 +330,13 @@ def _tile_chunked(program: Program, op, groups: int, heads: int, rows: int,
         for c in range(chunks):
             program.tasks.append(Task(op.name, op.opcode, gi * chunks + c, (gi, gi + 1),
                                       other_bytes=-(-rows // chunks) * row_bytes_))
-    op.attrs["tile"] = {"tasks": groups * chunks, "chunks": chunks, "signals": groups,
-                        "heads_per_task": heads}
+    last = merge == "last chunk"
+    op.attrs["tile"] = {"tasks": groups * chunks, "chunks": chunks, "merge": merge,
+                        "signals": groups if last else groups * chunks, "heads_per_task": heads}
     program.decide("tiling", f"{op.name}: {groups} {what} ({heads} query heads each) x "
-                   f"{chunks} context chunks = {groups * chunks} tasks; the last chunk of a "
-                   "group to finish merges it")
+                   f"{chunks} context chunks = {groups * chunks} tasks; " + (
+                       "the last chunk of a group to finish merges it" if last else
+                       f"{merge} merges each head's chunks as it stages its input"))
 
 
 def _tile_attention(program: Program, op) -> None:
@@ -358,9 +362,11 @@ def _tile_mla_attention(program: Program, op) -> None:
     if a["dsa"]:
         rows = min(seq, program.graph.tensors[op.inputs[3]].numel)
     cache = program.graph.tensors[op.inputs[2]]
+    expand = next(o.name for o in program.graph.consumers(op.name)
+                  if o.attrs.get("merges") == op.name)
     _tile_chunked(program, op, a["n_heads"] // heads, heads, rows,
                   cache.shape[1] * DTYPE_BYTES[cache.dtype],
-                  "head groups" + (" over the indexer's top-k" if a["dsa"] else ""))
+                  "head groups" + (" over the indexer's top-k" if a["dsa"] else ""), expand)
 
 
 def _tile_dsa_score(program: Program, op) -> None:

@@ -1064,15 +1064,72 @@ __device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long lon
 // shared memory and the epilogue runs per row at the end of the task.
 #if MLA
 // A head_matvec's rows come in heads of F_HEAD_ROWS rows that each read their own F_K inputs,
-// F_IN_STRIDE apart (q absorption: each head's q_nope; v expansion: each head's o_latent). The
+// F_IN_STRIDE apart (q absorption: each head's q_nope; v expansion: each head's o_latent, which
+// it merges from the attention's chunk results: stage_merged_heads). The
 // task stages the inputs of the heads its rows span one after another; row i reads at
 // head_input(t, i).
 __device__ __forceinline__ int head_input(const int* t, int i) {
   if (t[F_OPCODE] != OP_HEAD_MATVEC) return 0;
   return ((t[F_ROW0] + i) / t[F_HEAD_ROWS] - t[F_ROW0] / t[F_HEAD_ROWS]) * t[F_K];
 }
+// MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
+// sums, its max and its sum.
+constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
+static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
+
+// v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
+// (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
+// count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
+// at all. A warp per head weighs its chunks (a lane per chunk, the factors after the heads'
+// inputs in s.vec), then each thread adds up two dims of a head over the chunks, those loads in
+// flight together. The task that holds a head's first row also leaves the head in o_latent
+// (F_IN), the attention's output in the graph, which nothing downstream reads: what the tests
+// and Engine's activations see.
+__device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
+  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
+  float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
+  const auto part = [&](int h, int k) {  // chunk k's result for head h
+    return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
+           h % MLA_HEADS * (MLA_RANK + 2);
+  };
+  for (int i = warp; i < n; i += COMPUTE_WARPS) {
+    float mx = -INFINITY, den = 0.f;
+    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(part(h0 + i, k) + MLA_RANK));
+    mx = warp_max(mx);
+    for (int k = lane; k < chunks; k += 32) {
+      const float* ml = part(h0 + i, k) + MLA_RANK;
+      const float m = __ldcg(ml), f = m == -INFINITY ? 0.f : __expf(m - mx);
+      factor[i * chunks + k] = f;
+      den += f * __ldcg(ml + 1);
+    }
+    den = warp_sum(den);
+    for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
+  }
+  compute_sync();
+  for (int j = ct; j < n * MLA_RANK / 2; j += NT) {
+    const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
+    float2 num = make_float2(0.f, 0.f);
+#pragma unroll 8
+    for (int k = 0; k < chunks; ++k) {
+      const float f = factor[i * chunks + k];
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + d));
+      num.x = fmaf(f, v.x, num.x);
+      num.y = fmaf(f, v.y, num.y);
+    }
+    s.vec[i * MLA_RANK + d] = num.x;
+    s.vec[i * MLA_RANK + d + 1] = num.y;
+    if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0])
+      __stcg(reinterpret_cast<float2*>(p.act + t[F_IN] + (h0 + i) * t[F_IN_STRIDE] + d), num);
+  }
+  compute_sync();
+}
+
 __device__ void stage_heads(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], h0 = t[F_ROW0] / t[F_HEAD_ROWS], h1 = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1;
+  if (t[F_COUNT] > 0) {  // v expansion
+    stage_merged_heads(p, s, t, h0, h1, ct);
+    return;
+  }
   const float* x = p.act + t[F_IN];
   for (int i = ct; i < (h1 - h0) * k; i += NT) s.vec[i] = __ldcg(x + (h0 + i / k) * t[F_IN_STRIDE] + i % k);
   compute_sync();
@@ -1761,9 +1818,10 @@ __device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long lo
 }
 
 // ---- compute: chunked attention, GQA (below) or MLA (further below) ------------------------
-// A chunked attention task (GQA or MLA) arrives on its group's counter once its chunk's results
-// are written (release) and learns whether it was the step's last of the group's `chunks`
-// arrivals (acquire: the other chunks' results are then visible), which merges the group.
+#if !MLA  // an MLA model's attention is run_mla_attention
+// A chunked attention task arrives on its group's counter once its chunk's results are written
+// (release) and learns whether it was the step's last of the group's `chunks` arrivals
+// (acquire: the other chunks' results are then visible), which merges the group.
 __device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, long long step, int chunks,
                                int ct) {
   compute_sync();
@@ -1775,7 +1833,6 @@ __device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, 
   return s.flags[4];
 }
 
-#if !MLA  // an MLA model's attention is run_mla_attention
 // ---- compute: attention, one context chunk of one KV group --------------------------------
 // The context of a KV group is cut into F_COUNT chunks at run time (the context grows every
 // step), one task each, on different SMs. Every chunk task stages the group's query heads and
@@ -2365,7 +2422,6 @@ __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
 // is the head_matvec that follows).
 constexpr int MLA_W = MLA_RANK + MLA_ROPE;                     // values of a cache row
 constexpr int MLA_PIECES = MLA_W / 8;                          // its 16-byte pieces
-constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);           // a chunk's result: out, max, sum per head
 // The tensor-core tiling of mla_chunk (passes/residency.py: mla_staged_floats sizes it alike):
 constexpr int MLA_M = 16;                                      // heads of a task: the rows of an mma tile
 constexpr int MLA_KSTEPS = (MLA_W + 15) / 16;                  // k-steps of a score, the last zero-padded
@@ -2376,13 +2432,12 @@ constexpr int MLA_OT = (MLA_RANK / 8 + COMPUTE_WARPS - 1) / COMPUTE_WARPS;  // o
 // MlaStage's parts, floats into s.vec
 constexpr int MLA_ROWS_AT = MLA_M * MLA_ROW, MLA_PART_AT = MLA_ROWS_AT + MLA_KEYS * MLA_ROW / 2;
 constexpr int MLA_PROB_AT = MLA_PART_AT + MLA_KSPLIT * MLA_M * MLA_KEYS, MLA_ST_AT = MLA_PROB_AT + MLA_M * MLA_PROW;
-constexpr int MLA_CS_AT = MLA_ST_AT + 3 * MLA_HEADS, MLA_STAGED = MLA_CS_AT + MLA_ROPE;  // the merge's after
+constexpr int MLA_CS_AT = MLA_ST_AT + 3 * MLA_HEADS, MLA_STAGED = MLA_CS_AT + MLA_ROPE;
 static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
-static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 static_assert(MLA_RANK % 8 == 0, "the heads' outputs are whole 8-column mma tiles");
 static_assert(MLA_HEADS <= MLA_M, "a task's heads are the rows of one mma tile");
 static_assert(MLA_KEYS == 32, "the softmax takes a block's keys a lane each");
-static_assert(MLA_STAGED + MLA_HEADS <= MAX_K, "MLA attention's staging (one chunk's merge) exceeds s.vec");
+static_assert(MLA_STAGED <= MAX_K, "MLA attention's staging exceeds s.vec");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
 // the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope). The DSA
@@ -2445,7 +2500,6 @@ struct MlaStage {  // one pointer (s.vec), the parts at constant offsets: few re
   // [3][MLA_HEADS]: max | sum | rescale of the old sums, per head
   __device__ __forceinline__ float* st() const { return vec + MLA_ST_AT; }
   __device__ __forceinline__ float* cs() const { return vec + MLA_CS_AT; }         // [MLA_ROPE]: cos | sin at pos
-  __device__ __forceinline__ float* merge() const { return vec + MLA_STAGED; }     // [chunks][MLA_HEADS]: the merge's factors
 };
 
 __device__ __forceinline__ uint32_t bf16_pair(const __nv_bfloat16* x) { return *reinterpret_cast<const uint32_t*>(x); }
@@ -2652,10 +2706,8 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
 // One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
 // indexer's selection, the first min(pos + 1, DSA_TOPK) entries of its list) of one group of MLA_HEADS
 // heads (F_ROW0): stage the heads' queries (mla_stage_queries); run the chunk; leave (sums, max,
-// sum) per head in mla_partials (F_AUX3). The last chunk task of the group to arrive (F_ARRIVE +
-// group) merges every chunk's result into o_latent (F_OUT) and is the one that signals. Returns
-// whether it signals.
-__device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
+// sum) per head in mla_partials (F_AUX3), which v expansion merges (stage_merged_heads).
+__device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
 #if DSA
   const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
@@ -2664,7 +2716,6 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
 #endif
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   const MlaStage stage{s.vec};
-  float* merge = stage.merge();  // [chunks][MLA_HEADS]: the chunks' factors
   for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
   for (int h = ct; h < MLA_HEADS; h += NT) {
     stage.st()[h] = -INFINITY;
@@ -2674,44 +2725,7 @@ __device__ bool run_mla_attention(const Params& p, Shared& s, const int* t, long
   mla_stage_queries(p, t, stage, g, ct);
   float acc[MLA_OT][4] = {};
   mla_chunk(p, t, stage, k0, k1, acc, ct);
-  float* parts = p.act + t[F_AUX3] + static_cast<long long>(g) * chunks * MLA_PART;
-  mla_write_part(parts + c * MLA_PART, stage, acc, ct);
-  if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
-  // Merge: chunk k's sums count exp(max_k - max) / den times, den the heads' softmax sum; an empty
-  // chunk (max -inf) not at all. A warp per head weighs its chunks (a lane per chunk), then each
-  // thread adds up two dims of a head over the chunks, those loads in flight together: one thread
-  // per head walking its chunks' partials one load at a time took ~20 µs of a DeepSeek-V3.2
-  // layer's (16 chunks of 16 heads, 0.5 MB of partials).
-  const int warp = ct >> 5, lane = ct & 31;
-  for (int h = warp; h < MLA_HEADS; h += COMPUTE_WARPS) {
-    const float* ml = parts + h * (MLA_RANK + 2) + MLA_RANK;  // chunk k's (max, sum): k MLA_PART on
-    float mx = -INFINITY, den = 0.f;
-    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(ml + k * MLA_PART));
-    mx = warp_max(mx);
-    for (int k = lane; k < chunks; k += 32) {
-      const float m = __ldcg(ml + k * MLA_PART), f = m == -INFINITY ? 0.f : __expf(m - mx);
-      merge[k * MLA_HEADS + h] = f;
-      den += f * __ldcg(ml + k * MLA_PART + 1);
-    }
-    den = warp_sum(den);
-    for (int k = lane; k < chunks; k += 32) merge[k * MLA_HEADS + h] /= den;
-  }
-  compute_sync();
-  float2* o = reinterpret_cast<float2*>(p.act + t[F_OUT] + g * MLA_HEADS * MLA_RANK);
-  for (int i = ct; i < MLA_HEADS * MLA_RANK / 2; i += NT) {
-    const int h = i / (MLA_RANK / 2);
-    const float2* sums = reinterpret_cast<const float2*>(parts + h * (MLA_RANK + 2)) + i % (MLA_RANK / 2);
-    float2 num = make_float2(0.f, 0.f);
-#pragma unroll 8
-    for (int k = 0; k < chunks; ++k) {
-      const float f = merge[k * MLA_HEADS + h];
-      const float2 v = __ldcg(sums + k * (MLA_PART / 2));
-      num.x = fmaf(f, v.x, num.x);
-      num.y = fmaf(f, v.y, num.y);
-    }
-    __stcg(o + i, num);
-  }
-  return true;
+  mla_write_part(p.act + t[F_AUX3] + (static_cast<long long>(g) * chunks + c) * MLA_PART, stage, acc, ct);
 }
 #endif  // MLA
 
@@ -3059,7 +3073,7 @@ __device__ void run_compute(const Params& p, Shared& s) {
           run_matvec(p, s, t, consumed, opaque(ct));
           if (t[F_APPEND]) mla_append_latent(p, s, t, pos, opaque(ct));
           break;
-        case OP_MLA_ATTENTION: signal = run_mla_attention(p, s, t, step, pos, opaque(ct)); break;
+        case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, opaque(ct)); break;
 #endif
 #if DSA
         case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, opaque(ct)); break;

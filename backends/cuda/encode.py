@@ -151,11 +151,15 @@ def _view(program: Program, op, part: str) -> int:
 
 def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
     """A head_matvec's MLA fields; the task with `append` also gets what the latent prologue
-    reads (the kv_a part of the input projection, kv_a_layernorm) and the cache it appends to."""
+    reads (the kv_a part of the input projection, kv_a_layernorm) and the cache it appends to;
+    v expansion (`merges`) the attention's chunk count and partial results."""
     a = op.attrs
     w = program.graph.tensors[op.inputs[1]]
     out = {"in": _view(program, op, "x"), "in_stride": a["in_stride"],
            "head_rows": a["rows_per_head"], "append": 0}
+    if "merges" in a:
+        out.update(count=program.graph.op(a["merges"]).attrs["tile"]["chunks"],
+                   aux3=_offset(program, "mla_partials"))
     if "scale_inv" in w.attrs:
         out["scale_shift"] = (scale_cols(w) // 4).bit_length() - 1
     if "kv_a" in a["io"] and t.index == 0:  # q absorption's first task: task_semantics_mla
@@ -166,14 +170,14 @@ def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
 
 def _mla_attention(program: Program, t: Task, op) -> dict[str, int]:
     """One chunk of one head group: latent queries at `in`, q (for its rope part) at `aux`,
-    the latent cache at `kcache`; the chunk results in mla_partials (`aux3`); with DSA the
-    chunk is of the indexer's selection, its token ids at `aux2`."""
+    the latent cache at `kcache`; the chunk results in mla_partials (`aux3`), which v
+    expansion merges into the op's output; with DSA the chunk is of the indexer's selection,
+    its token ids at `aux2`."""
     a = op.attrs
     return {"in": _offset(program, op.inputs[0]), "aux": _view(program, op, "q"),
-            "out": _offset(program, op.outputs[0]), "kcache": _offset(program, op.inputs[2]),
+            "kcache": _offset(program, op.inputs[2]),
             "scale": _f32_bits(a["scale"]), "count": a["tile"]["chunks"],
-            "chunk": t.index % a["tile"]["chunks"], "arrive": t.arrive - t.rows[0],
-            "aux3": _offset(program, "mla_partials"),
+            "chunk": t.index % a["tile"]["chunks"], "aux3": _offset(program, "mla_partials"),
             **({"aux2": _offset(program, op.inputs[3])} if a["dsa"] else {})}
 
 
