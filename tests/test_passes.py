@@ -348,6 +348,22 @@ def test_synchronization_prunes_waits_implied_by_other_waits() -> None:
     assert [(after.counters[c].name, lag) for c, _, lag in embed.waits] == [("sample", 1)]
 
 
+def test_mla_chunks_all_signal_and_v_expand_merges_them() -> None:
+    """GQA's last chunk of a group merges it and alone signals (arrival counters); MLA's every
+    chunk signals and v_expand merges its heads' chunks as it stages them, so no arrival
+    counter exists and v_expand waits for every chunk task."""
+    _, gqa = until("llama-tiny", synchronize)
+    assert any(c.name.startswith("layers.0.attention.arrivals") for c in gqa.counters)
+    _, mla = until("deepseek-v3.2", synchronize, num_hidden_layers=1, first_k_dense_replace=1)
+    attn, expand = mla.graph.op("layers.0.attention"), mla.graph.op("layers.0.v_expand")
+    assert expand.attrs["merges"] == attn.name and attn.attrs["tile"]["merge"] == expand.name
+    assert not any("arrivals" in c.name for c in mla.counters)
+    assert all(t.arrive < 0 for t in mla.tasks_of(attn.name))
+    counter = next(c for c in mla.counters if c.name == attn.name)
+    assert counter.per_step == attn.attrs["tile"]["tasks"] > attn.attrs["tile"]["chunks"]
+    assert {mla.counters[c].name for c, _, _ in mla.tasks_of(expand.name)[0].waits} == {attn.name}
+
+
 def test_cost_adds_an_all_reduce_under_tensor_parallelism() -> None:
     one, eight = schedule(load_spec("llama-3.1-8b")), schedule(load_spec("llama-3.1-8b"), tp=8)
     t1, t8 = op_times_ns(one), op_times_ns(eight)
