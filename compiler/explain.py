@@ -122,7 +122,8 @@ def _tile_text(op) -> str:
         lo, hi = tile["rows_per_task"]
         return f"{lo}-{hi} rows" if lo != hi else _count(lo, "row")
     if "chunks" in tile:
-        return (f"{_count(tile['signals'], 'group')} of {_count(tile['heads_per_task'], 'head')}"
+        return (f"{_count(tile['tasks'] // tile['chunks'], 'group')} of "
+                f"{_count(tile['heads_per_task'], 'head')}"
                 f" x {_count(tile['chunks'], 'chunk')}")
     if "context_chunks" in tile:
         return f"{tile['context_chunks']} context chunks"
