@@ -95,6 +95,7 @@ static inline __nv_bfloat16 __float2bfloat16(float f) {
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<__nv_bfloat16>((u >> 16) | 0x40);  // NaN stays NaN
   return static_cast<__nv_bfloat16>((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
+static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16(a), __float2bfloat16(b)}; }
 static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 static inline long long __float2ll_rn(float x) { return std::llrint(x); }  // round to nearest even
 static inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
