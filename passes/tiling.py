@@ -5,6 +5,9 @@ Decides the tile of each task. A matrix-vector op of R output rows (`norm_matvec
 min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
 per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
+An op that starts with earlier ops it does not wait for takes only the SMs they leave, when
+that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
+that both run at once.
 Unless the `fp8_mma` knob is 0, a dense FP8 projection whose shape fits is cut in whole tiles
 of 8 rows (16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
 `ir/fp8.py: pack_tiles`) and its weights marked `tiled`.
