@@ -36,7 +36,7 @@ from tilertc.passes.roles import assign_roles
 from tilertc.passes.scheduling import schedule as schedule_pass
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import MATVEC, row_bytes, tile
+from tilertc.passes.tiling import MATVEC, row_bytes, sms_beside, tile
 
 
 def until(name: str, last: Callable[[Program], Program], tp: int = 1, target: str = "h200",
@@ -316,6 +316,11 @@ def test_the_dsa_indexer_runs_beside_the_q_absorption() -> None:
     assert before.graph.op("layers.0.q_absorb").attrs["tile"]["tasks"] == 99  # tiling decided
     indexer_sms = {t.sm for t in [*indexer, *after.tasks_of("layers.0.dsa.topk")]}
     assert len(indexer_sms) == 33 and not indexer_sms & {t.sm for t in absorb}
+    # the indexer's bf16 projections start with the input projection too, which takes every
+    # SM: they keep every SM and queue where they share one (no op is left fewer than half)
+    assert sms_beside(before, before.graph.op("layers.0.attn_in_proj.bf16")) == (132, [])
+    assert sms_beside(before, before.graph.op("layers.0.q_absorb")) == (
+        99, ["layers.0.dsa.score", "layers.0.dsa.topk"])
 
 
 def test_packing_lays_each_sm_out_contiguously_and_experts_apart() -> None:
