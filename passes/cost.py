@@ -7,7 +7,9 @@ DESIGN.md). The boundary covers an SM's first task of an op; each further task o
 that SM adds its own fixed cost (`TASK_NS`: staging its input, its epilogue and signal), so an
 op cut into more tasks than SMs costs more than its bytes say. An FP8 tile op's boundary is
 longer by its input's staging as digits (`DIGIT_ROUND_NS` per round of 128-column blocks its
-compute warps take, each warp a block at a time). An op takes as long as its
+compute warps take, each warp a block at a time). FP8 rows on the CUDA cores stream slower than
+their bytes where their measured page compute is slower than a page's arrival (dense rows;
+routed down rows, whose pieces cost the most). An op takes as long as its
 slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
 it. Chunked attention is charged what the H200
 measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from tilertc.ir.fp8 import TILE_BLOCK_COLS
 from tilertc.ir.graph import Op
+from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
 from tilertc.passes.sharding import ends_in_allreduce
 from tilertc.passes.tiling import DENSE_PROJECTIONS, is_fp8_rows, is_tiled
@@ -45,6 +48,10 @@ DIGIT_ROUND_NS = 450.0
 # gate/up task streamed 27 KB/us where a bf16 one streams 33, the SM's share (session 17),
 # its pages' dot product (~2 us a page) slower than they arrive.
 FP8_ROW_STREAM_SHARE = 0.87
+# DeepSeek-V3.2's routed down projection (FP8 rows of 9 pieces, one per slot and the shared
+# expert's) on the H200, 2026-12-01 (docs/performance.md, sessions 19 and 20, stream probe):
+# 3.1 us of compute per 57 KB page, 18 KB/us against a bf16 page's 33.
+ROUTED_DOWN_FP8_STREAM_SHARE = 0.55
 
 
 def task_ns(program: Program, task: Task) -> float:
@@ -62,13 +69,17 @@ def allreduce_ns(program: Program, op: Op) -> float:
 
 
 def predicted_task_ns(program: Program, task: Task) -> float:
-    """`task_ns`, except for chunked attention (keys and values at their measured read rate)
-    and dense FP8 rows (their pages at the rate the CUDA cores' dot product keeps up with)."""
+    """`task_ns`, except for chunked attention (keys and values at their measured read rate),
+    dense FP8 rows and routed FP8 down rows (their pages at the rate the CUDA cores' dot
+    product keeps up with)."""
     if task.opcode == "attention":
         return task.other_bytes / ATTENTION_KV_BYTES_PER_S_PER_SM * 1e9
     op = program.graph.op(task.op)
     if op.opcode in DENSE_PROJECTIONS and is_fp8_rows(program, op):
         return task.est_ns / FP8_ROW_STREAM_SHARE
+    experts = down_inputs(op)[5] if op.opcode == "moe_down_add" else []
+    if experts and program.graph.tensors[experts[0]].dtype == "fp8_e4m3":
+        return task.est_ns / ROUTED_DOWN_FP8_STREAM_SHARE
     return task.est_ns
 
 

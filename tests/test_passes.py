@@ -24,8 +24,10 @@ from tilertc.passes.cost import (
     BOUNDARY_NS,
     DIGIT_ROUND_NS,
     FP8_ROW_STREAM_SHARE,
+    ROUTED_DOWN_FP8_STREAM_SHARE,
     TASK_NS,
     op_times_ns,
+    predicted_task_ns,
 )
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack, static_bytes
@@ -367,6 +369,17 @@ def test_mla_chunks_all_signal_and_v_expand_merges_them() -> None:
     counter = next(c for c in mla.counters if c.name == attn.name)
     assert counter.per_step == attn.attrs["tile"]["tasks"] > attn.attrs["tile"]["chunks"]
     assert {mla.counters[c].name for c, _, _ in mla.tasks_of(expand.name)[0].waits} == {attn.name}
+
+
+def test_cost_charges_routed_fp8_down_rows_their_measured_rate() -> None:
+    """DeepSeek-V3.2's routed down rows (FP8, a piece per slot) stream at the rate their page
+    compute kept up with on the H200; Qwen3-30B-A3B's bf16 ones at their bytes."""
+    fp8 = schedule(load_spec("deepseek-v3.2", overrides={"num_hidden_layers": 1,
+                                                         "first_k_dense_replace": 0}))
+    bf16 = schedule(load_spec("qwen3-30b-a3b", overrides={"num_hidden_layers": 1}))
+    for program, share in ((fp8, ROUTED_DOWN_FP8_STREAM_SHARE), (bf16, 1.0)):
+        down = program.tasks_of("layers.0.moe.down_proj")[0]
+        assert predicted_task_ns(program, down) == pytest.approx(down.est_ns / share)
 
 
 def test_cost_adds_an_all_reduce_under_tensor_parallelism() -> None:
