@@ -56,16 +56,21 @@ def _heads(op: Op, t: Task) -> tuple[int, int]:
     return t.rows[0] // per, -(-t.rows[1] // per)
 
 
+def _first_rows_held(op: Op, t: Task) -> tuple[int, int]:
+    """The heads whose first row the task holds (v expansion writes those to o_latent)."""
+    return -(-t.rows[0] // op.attrs["rows_per_head"]), _heads(op, t)[1]
+
+
 def _head_matvec_accesses(program: Program, t: Task, pos: int) -> list[Access]:
     op = program.graph.op(t.op)
     a = op.attrs
     h0, h1 = _heads(op, t)
     if "merges" in a:  # every chunk's result of the head groups the task's heads are in
         heads, _, chunks, part = _mla_geometry(program.graph.op(a["merges"]))
-        first = -(-t.rows[0] // a["rows_per_head"])  # the first head whose first row it holds
         out = [read("mla_partials", h0 // heads * chunks * part, -(-h1 // heads) * chunks * part)]
-        if first < h1:
-            out.append(write(op.inputs[0], first * a["K"], h1 * a["K"]))
+        first, last = _first_rows_held(op, t)
+        if first < last:
+            out.append(write(op.inputs[0], first * a["K"], last * a["K"]))
     else:
         base, off = a["io"]["x"]
         out = [read(base, off + h0 * a["in_stride"], off + h1 * a["in_stride"])]
@@ -83,8 +88,8 @@ def _head_matvec(ctx: Context, t: Task) -> None:
     main = next(o for o in sources(ctx, op) if o.opcode in ("mla_absorb_q", "mla_expand_v"))
     if "merges" in a:
         x = _merged_heads(ctx, ctx.program.graph.op(a["merges"]), h0, h1)[None]
-        first = -(-t.rows[0] // a["rows_per_head"])
-        if first < h1:
+        first, last = _first_rows_held(op, t)
+        if first < last:
             ctx.write(op.inputs[0], first * a["K"], x[0, (first - h0) * a["K"]:])
     else:
         base, off = a["io"]["x"]
