@@ -52,11 +52,16 @@ FP8_ROW_STREAM_SHARE = 0.87
 # expert's) on the H200, 2026-12-01 (docs/performance.md, sessions 19 and 20, stream probe):
 # 3.1 us of compute per 57 KB page, 18 KB/us against a bf16 page's 33.
 ROUTED_DOWN_FP8_STREAM_SHARE = 0.55
+# DeepSeek-V3.2's MoE top-k (256 experts in 8 groups, one SM) on the H200, 2026-12-01: 7.1 us
+# (profile) for bytes that take none. Charged so that the scheduler sees its SM busy and gives
+# the routed experts, which wait for it, the other SMs.
+MOE_TOPK_NS = 7000.0
 
 
 def task_ns(program: Program, task: Task) -> float:
     per_sm = program.target.hbm_bandwidth / program.target.num_sms
-    return (task.weight_bytes + task.other_bytes) / per_sm * 1e9
+    fixed = MOE_TOPK_NS if task.opcode == "moe_topk" else 0.0
+    return (task.weight_bytes + task.other_bytes) / per_sm * 1e9 + fixed
 
 
 def allreduce_ns(program: Program, op: Op) -> float:

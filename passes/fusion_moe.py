@@ -5,9 +5,12 @@ the norm as its prologue (every task normalizes the hidden state it stages, as `
 does), and the block becomes:
 
 - `norm_matvec` (router): the router logits, rows tiled over SMs like any projection;
-- `norm_matvec` epilogue `silu_mul` (shared expert gate/up), independent of the router so
-  that it streams while the router's result is reduced;
 - `moe_topk`: the routing decision (scores, group-limited top-k, weights) on one SM;
+- `norm_matvec` epilogue `silu_mul` (shared expert gate/up), independent of the router, so
+  that it streams while the top-k runs. It comes after the top-k in program order, which is
+  each SM's stream order: before it, the top-k queued behind a shared gate/up task on its SM
+  and the routed experts, which wait for it, started ~7 us later (DeepSeek-V3.2 MoE layer on
+  the H200, docs/performance.md);
 - `moe_gate_up`: silu(gate)·up of the chosen experts, one slot per chosen expert, each slot's
   rows tiled over SMs; a task's weights are picked at run time by the slot's expert id;
 - `moe_down_add`: per output row tile, the weighted sum of the slots' down projections plus
@@ -36,6 +39,9 @@ def fuse_moe(f: Fusion, norm: Op) -> None:
                           TensorKind.ACTIVATION)
     f.emit(router.name, "norm_matvec", [x, gamma, router.inputs[1]], [logits], layer,
            [norm, router], rows=e, epilogue="none", interleave=False, **common)
+    ids, weights = router.outputs
+    f.emit(f"layers.{layer}.moe.topk", "moe_topk", [logits, *router.inputs[2:]],
+           [ids, weights], layer, [router], **router.attrs)
     shared_act, shared_down, shared_tail, last = [], [], [], experts
     if shared:
         act = f.consumers(shared[0].outputs[0])[0]
@@ -52,9 +58,6 @@ def fuse_moe(f: Fusion, norm: Op) -> None:
         raise ScheduleError(f"op {last.name!r}: a MoE block must end in a residual add")
     residual = residual[0]
     res_in = next(t for t in residual.inputs if t != last.outputs[0])
-    ids, weights = router.outputs
-    f.emit(f"layers.{layer}.moe.topk", "moe_topk", [logits, *router.inputs[2:]],
-           [ids, weights], layer, [router], **router.attrs)
     a = experts.attrs
     inter, slots = a["intermediate_size"], a.get("slots", a["top_k"])
     per_expert = len(EXPERT_PROJECTIONS)

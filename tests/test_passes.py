@@ -142,8 +142,8 @@ def test_fusion_of_moe_mla_and_dsa_blocks() -> None:
         ("attn_in_proj", "norm_matvec"), ("q_b_proj", "norm_matvec"),
         ("dsa.score", "dsa_score"), ("dsa.topk", "dsa_topk"), ("q_absorb", "head_matvec"),
         ("attention", "mla_attention"), ("v_expand", "head_matvec"), ("o_proj", "matvec_add"),
-        ("moe.router", "norm_matvec"), ("ffn.shared_experts.gate_up_proj", "norm_matvec"),
-        ("moe.topk", "moe_topk"), ("moe.gate_up", "moe_gate_up"),
+        ("moe.router", "norm_matvec"), ("moe.topk", "moe_topk"),
+        ("ffn.shared_experts.gate_up_proj", "norm_matvec"), ("moe.gate_up", "moe_gate_up"),
         ("moe.down_proj", "moe_down_add")]
     q_b = after.graph.op("layers.1.q_b_proj")  # reads the q_a part of attn_in_proj
     assert q_b.inputs[0] == "layers.1.attn_in_proj" and q_b.attrs["in_offset"] == 0

@@ -1065,12 +1065,18 @@ __device__ bool exchange_rows(const Params& p, Shared& s, const int* t, long lon
 #if MLA
 // A head_matvec's rows come in heads of F_HEAD_ROWS rows that each read their own F_K inputs,
 // F_IN_STRIDE apart (q absorption: each head's q_nope; v expansion: each head's o_latent, which
-// it merges from the attention's chunk results: stage_merged_heads). The
-// task stages the inputs of the heads its rows span one after another; row i reads at
-// head_input(t, i).
-__device__ __forceinline__ int head_input(const int* t, int i) {
-  if (t[F_OPCODE] != OP_HEAD_MATVEC) return 0;
-  return ((t[F_ROW0] + i) / t[F_HEAD_ROWS] - t[F_ROW0] / t[F_HEAD_ROWS]) * t[F_K];
+// it merges from the attention's chunk results: stage_merged_heads). The task stages the inputs
+// of the heads its rows span one after another; row i reads at HeadInputs(i), 0 in any other
+// task. Made from the task row once, before the page loop: the loop stores to shared memory,
+// after which the compiler reads the task row again, and each such read cost ~1000 cycles on
+// the H200 (a v expansion page of 124 rows took 6 us, docs/performance.md).
+struct HeadInputs {
+  int row0, first, head_rows, k;  // k = 0: every row reads the one input
+  __device__ __forceinline__ int operator()(int i) const { return k ? ((row0 + i) / head_rows - first) * k : 0; }
+};
+__device__ __forceinline__ HeadInputs head_inputs(const int* t) {
+  if (t[F_OPCODE] != OP_HEAD_MATVEC) return {0, 0, 1, 0};
+  return {t[F_ROW0], t[F_ROW0] / t[F_HEAD_ROWS], t[F_HEAD_ROWS], t[F_K]};
 }
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
@@ -1131,28 +1137,9 @@ __device__ void stage_heads(const Params& p, Shared& s, const int* t, int ct) {
     return;
   }
   const float* x = p.act + t[F_IN];
-  for (int i = ct; i < (h1 - h0) * k; i += NT) s.vec[i] = __ldcg(x + (h0 + i / k) * t[F_IN_STRIDE] + i % k);
+  const int stride = t[F_IN_STRIDE];
+  for (int i = ct; i < (h1 - h0) * k; i += NT) s.vec[i] = __ldcg(x + (h0 + i / k) * stride + i % k);
   compute_sync();
-}
-#endif
-
-#if MOE
-// The down projection's input is every slot's activations times the slot's combine weight,
-// then (MOE_SHARED_K) the shared expert's activations, at F_SHARED_IN, times 1: the factor of
-// the 4 inputs from 4 i on.
-__device__ __forceinline__ float down_factor(const Params& p, const int* t, int i) {
-  const int routed = t[F_K] - MOE_SHARED_K;
-#if MOE_SHARED_K
-  if (4 * i >= routed) return 1.f;
-#endif
-  return __ldcg(p.act + t[F_AUX2] + 4 * i / (routed / t[F_SLOTS]));
-}
-#endif
-#if MOE_SHARED_K
-__device__ __forceinline__ const float4* down_input(const Params& p, const int* t, const float4* x, int i) {
-  const int routed4 = (t[F_K] - MOE_SHARED_K) / 4;
-  if (t[F_OPCODE] != OP_MOE_DOWN_ADD || i < routed4) return x + i;
-  return reinterpret_cast<const float4*>(p.act + t[F_SHARED_IN]) + (i - routed4);
 }
 #endif
 
@@ -1169,16 +1156,59 @@ __device__ __forceinline__ float4 fixed4(const float* base, int i) {
 }
 #endif
 
-// Inputs 4 i .. 4 i + 3 of a matrix-vector task (from x, its input; see down_input, fixed4).
-__device__ __forceinline__ float4 input4(const Params& p, const int* t, const float4* x, int i) {
+// Where a matrix-vector task's input comes from: F_IN (F_FIXED_IN: fixed point, see fixed4); in
+// a MoE down task every slot's activations times the slot's combine weight (F_AUX2), then
+// (MOE_SHARED_K) the shared expert's activations (F_SHARED_IN) times 1. Made from the task row
+// once, before the staging loop (see HeadInputs: the loop's stores to shared memory would have
+// the task row read again each iteration, each read a round trip before that iteration's load).
+struct TaskInput {
+  const float4* x;
 #if FFN_SPLIT_K
-  if (t[F_FIXED_IN]) return fixed4(p.act + t[F_IN], i);
+  bool fixed;
+#endif
+#if MOE
+  const float* combine;  // a down task's combine weights, one per slot; null in any other task
+  int slot_floats;       // a slot's activations
 #endif
 #if MOE_SHARED_K
-  return __ldcg(down_input(p, t, x, i));
-#else
-  return __ldcg(x + i);
+  const float4* shared;  // a down task's inputs from 4 routed4 on
+  int routed4;
 #endif
+  // inputs 4 i .. 4 i + 3
+  __device__ __forceinline__ float4 at(int i) const {
+#if FFN_SPLIT_K
+    if (fixed) return fixed4(reinterpret_cast<const float*>(x), i);
+#endif
+#if MOE
+    if (combine) {
+#if MOE_SHARED_K
+      if (i >= routed4) return __ldcg(shared + (i - routed4));
+#endif
+      float4 a = __ldcg(x + i);
+      const float c = __ldcg(combine + 4 * i / slot_floats);
+      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
+      return a;
+    }
+#endif
+    return __ldcg(x + i);
+  }
+};
+__device__ __forceinline__ TaskInput task_input(const Params& p, const int* t) {
+  TaskInput in;
+  in.x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+#if FFN_SPLIT_K
+  in.fixed = t[F_FIXED_IN];
+#endif
+#if MOE
+  const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
+  in.combine = down ? p.act + t[F_AUX2] : nullptr;
+  in.slot_floats = down ? (t[F_K] - MOE_SHARED_K) / t[F_SLOTS] : 1;
+#endif
+#if MOE_SHARED_K
+  in.shared = reinterpret_cast<const float4*>(p.act + t[F_SHARED_IN]);
+  in.routed4 = (t[F_K] - MOE_SHARED_K) / 4;
+#endif
+  return in;
 }
 
 // Row row0 + i of a matvec_add's residual (F_AUX).
@@ -1216,25 +1246,20 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
 #endif
   const int k4 = t[F_K] / 4;
   const bool norm = normed(t);
-  const float4* x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  const TaskInput in = task_input(p, t);
   const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   float4* v = reinterpret_cast<float4*>(s.vec);
   float ss = 0.f;
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
-  // the 1/rms scale, known only after the reduction, is applied to the row sums instead.
+  // the 1/rms scale, known only after the reduction, is applied to the row sums instead. (A
+  // down task, whose inputs carry their combine weights, is not normed: ss goes unused.)
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
-    float4 a = input4(p, t, x, i);
+    float4 a = in.at(i);
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     if (norm) {
       const float4 g = __ldcg(gamma + i);
       a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
     }
-#if MOE
-    if (t[F_OPCODE] == OP_MOE_DOWN_ADD) {
-      const float c = down_factor(p, t, i);
-      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
-    }
-#endif
     v[i] = a;
   }
   end_staging(s, t, ss, ct);
@@ -1288,14 +1313,14 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], S = tile_segments(k), blocks = k / FP8_BLOCK_COLS, per_segment = blocks / S;
   const int warp = ct >> 5, lane = ct & 31;
   const bool norm = normed(t);
-  const float4* __restrict__ x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+  const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
   float* __restrict__ factor = s.vec + k;
   float ss = 0.f;
   for (int blk = warp; blk < blocks; blk += COMPUTE_WARPS) {
     const int i = blk * (FP8_BLOCK_COLS / 4) + lane;
-    float4 a = input4(p, t, x, i);
+    float4 a = in.at(i);
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     if (norm) {
       const float4 g = __ldcg(gamma + i);
@@ -1660,17 +1685,24 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
   const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
-#if MOE && TP > 1  // a down row's groups [skip0, skip1): the pieces of its slots without an expert here
+  // Every task field the page loop needs is read here (see HeadInputs).
+#if MLA
+  const HeadInputs head_input = head_inputs(t);
+#endif
+#if MOE  // a routed down row: `slots` pieces of piece_bytes, then the shared expert's
   const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
-  const int busy = down ? busy_slots(p, t) : 0, pk8 = down ? (k8 - MOE_SHARED_K / 8) / t[F_SLOTS] : 0;
-  const int skip0 = down ? busy * pk8 : k8, skip1 = down ? t[F_SLOTS] * pk8 : k8;
+  const int slots = down ? t[F_SLOTS] : 1, piece_bytes = (rb - MOE_SHARED_BYTES) / slots;
+#endif
+#if MOE && TP > 1  // a down row's groups [skip0, skip1): the pieces of its slots without an expert here
+  const int busy = down ? busy_slots(p, t) : 0, pk8 = down ? (k8 - MOE_SHARED_K / 8) / slots : 0;
+  const int skip0 = down ? busy * pk8 : k8, skip1 = down ? slots * pk8 : k8;
 #endif
 #if WEIGHT_FP8
   // Whole FP8 rows are taken two at a time by a warp when a page has more rows than the group has
   // warps: a row's time is mostly latency (its loads, then a warp sum), which the pair's two rows
   // share; one at a time, a MLA q absorption row (k = 128) took ~0.4 µs of a warp's time.
 #if MOE
-  const bool whole_rows = fp8 && halves == 1 && t[F_OPCODE] != OP_MOE_DOWN_ADD;
+  const bool whole_rows = fp8 && halves == 1 && !down;
 #else
   const bool whole_rows = fp8 && halves == 1;
 #endif
@@ -1678,7 +1710,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
 #if MLA
-    const auto input = [&](int i) { return s.vec + head_input(t, r + i); };  // row i's x
+    const auto input = [&](int i) { return s.vec + head_input(r + i); };  // row i's x
 #else
     const auto input = [&](int) { return s.vec; };
 #endif
@@ -1724,15 +1756,13 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
         for (int h = 0; h < halves; ++h) {  // an FP8 row here is a whole row (halves == 1)
 #if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
           const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
-                          : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                              ? dot_segment_fp8_pieces(page + i * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                                       MOE_SHARED_K / 8, x, begin, end, lane, busy)
+                          : down ? dot_segment_fp8_pieces(page + i * rb, slots, piece_bytes, k8, MOE_SHARED_K / 8, x,
+                                                          begin, end, lane, busy)
                               : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
 #elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
           const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
-                          : t[F_OPCODE] == OP_MOE_DOWN_ADD
-                              ? dot_segment_fp8_pieces(page + i * rb, t[F_SLOTS], (rb - MOE_SHARED_BYTES) / t[F_SLOTS], k8,
-                                                       MOE_SHARED_K / 8, x, begin, end, lane)
+                          : down ? dot_segment_fp8_pieces(page + i * rb, slots, piece_bytes, k8, MOE_SHARED_K / 8, x,
+                                                          begin, end, lane)
                               : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
 #elif WEIGHT_FP8
           const float y = fp8 ? dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift)
