@@ -92,6 +92,7 @@ class OpStream:
     staging_us: float  # dependencies met to input staged
     pages: float  # per task
     page_compute_us: float  # a page seen to released (compute thread 0)
+    first_page_us: float  # the same for a task's first page only (its code may be cold)
     stall_us: float  # per task: waiting for pages not yet there
     flight_us: float  # a page issued to seen, for pages issued during the task (nan: none)
 
@@ -104,7 +105,7 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
     st = stamps[step].astype(np.int64)
     out = []
     for op in dict.fromkeys(ops):
-        staging, n_pages, compute, stall, flight = [], [], [], [], []
+        staging, n_pages, compute, first, stall, flight = [], [], [], [], [], []
         for task in (i for i, o in enumerate(ops) if o == op):
             met, done = st[task, DEPS_MET], st[task, DONE]
             log = pages[ctas[task]].astype(np.int64)
@@ -114,12 +115,13 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
             staging.append(st[task, START] - met)
             n_pages.append(len(mine))
             compute.extend(mine[:, RELEASED] - mine[:, SEEN])
+            first.append(mine[0, RELEASED] - mine[0, SEEN])
             stall.append((mine[:, SEEN] - mine[:, WAITING]).sum())
             late = mine[mine[:, ISSUED] > met]
             flight.extend(late[:, SEEN] - late[:, ISSUED])
         if n_pages:
             out.append(OpStream(op, len(n_pages), np.mean(staging) / 1e3, float(np.mean(n_pages)),
-                                np.mean(compute) / 1e3, np.mean(stall) / 1e3,
+                                np.mean(compute) / 1e3, np.mean(first) / 1e3, np.mean(stall) / 1e3,
                                 np.mean(flight) / 1e3 if flight else float("nan")))
     return out
 
@@ -150,10 +152,11 @@ def run(artifacts: list[Path], step: int) -> None:
             ops = [fold_layer(o) for o in profile.ops]
             print(f"== {a} (step {step} of {STEPS}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
-                  f" {'stall/task':>11s} {'issue->seen':>12s}")
+                  f" {'first page':>11s} {'stall/task':>11s} {'issue->seen':>12s}")
             for r in op_streams(profile.stamps, log, ops, profile.ctas, step):
                 print(f"  {r.op:28s} {r.tasks:6d} {r.staging_us:8.2f} {r.pages:6.1f} "
-                      f"{r.page_compute_us:13.2f} {r.stall_us:11.2f} {r.flight_us:12.2f}")
+                      f"{r.page_compute_us:13.2f} {r.first_page_us:11.2f} {r.stall_us:11.2f} "
+                      f"{r.flight_us:12.2f}")
             del engine
             torch.cuda.empty_cache()
 
