@@ -82,7 +82,7 @@ def predicted_task_ns(program: Program, task: Task) -> float:
     op = program.graph.op(task.op)
     if op.opcode in DENSE_PROJECTIONS and is_fp8_rows(program, op):
         return task.est_ns / FP8_ROW_STREAM_SHARE
-    if op.opcode == "moe_down_add":
+    if op.opcode == "moe_down_add" and not is_tiled(program, op):
         _, _, _, _, _, experts, _ = down_inputs(op)
         if program.graph.tensors[experts[0]].dtype == "fp8_e4m3":
             return task.est_ns / ROUTED_DOWN_FP8_STREAM_SHARE

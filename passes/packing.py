@@ -23,7 +23,7 @@ from __future__ import annotations
 from tilertc.ir.graph import TensorKind
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.program import Program, Task
-from tilertc.passes.tiling import ROUTED, scale_cols, segment_bytes, weight_row_bytes
+from tilertc.passes.tiling import ROUTED, is_tiled, scale_cols, segment_bytes, weight_row_bytes
 
 PACK_ALIGN = 128  # bytes; bulk copies need 16, 128 keeps every task on its own cache lines
 
@@ -111,7 +111,11 @@ def _fp8_pieces(program: Program) -> str:
                 f"{scale_cols(w_uk)} columns (the heads' row offsets in kv_b are multiples of "
                 f"it): {weight_row_bytes(w_uk)} B per row of {w_uk.shape[1]} values, scales "
                 "derived from kv_b's at load")
-    if any(op.attrs.get("shared_intermediate") for op in g.ops() if op.opcode in ROUTED):
+    downs = [op for op in g.ops() if op.opcode == "moe_down_add"]
+    if any(is_tiled(program, op) for op in downs):
+        out += ("; the routed down projection's experts (and the shared expert) are packed as "
+                "FP8 tiles, a tile's units gathered per slot at run time")
+    elif any(op.attrs.get("shared_intermediate") for op in downs):
         out += ("; a routed down row's shared-expert piece is an FP8 row with its own scales, "
                 "like each slot's")
     return out

@@ -116,27 +116,43 @@ def _weights(op) -> list[str]:
             "ffn_split_k": op.inputs[2:4]}.get(op.opcode, [op.inputs[1]])
 
 
+def tile_weights(op) -> tuple[int, list[str]]:
+    """The columns of one tiled row of `op` and the weights whose rows are tiled alike: a
+    projection's K and weights; a MoE down projection's piece, a slot's intermediate columns,
+    and every expert's down weight, then the shared expert's (each piece of a row from its own
+    weight, its sum over its own part of the input: decode.cuh, tile_pieces)."""
+    if op.opcode == "moe_down_add":
+        _, _, _, _, _, experts, shared = down_inputs(op)
+        return op.attrs["intermediate_size"], [*experts, *([shared] if shared else [])]
+    return op.attrs["K"], _weights(op)
+
+
 def _fp8_tiles_fit(program: Program, op) -> bool:
     """Whether the FP8 weights of `op` stream as tiles for the tensor cores (unless the
     `fp8_mma` knob is 0; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection
-    (`norm_matvec`, `matvec_add`) on one GPU whose weights are 128-column scale blocks, of rows
-    in whole tiles (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of
-    1024; they then never straddle a scale block's rows), and whose K cuts into segments of
-    whole blocks. Routed experts, MLA's head rows and other shapes keep their rows."""
+    (`norm_matvec`, `matvec_add`) or a MoE down projection (whose shared expert, if any, is a
+    slot wide) on one GPU, whose weights are 128-column scale blocks, of rows in whole tiles
+    (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of 1024; they then
+    never straddle a scale block's rows), and whose K (a down projection's: a slot's) cuts into
+    segments of whole blocks. The routed gate/up, MLA's head rows and other shapes keep their
+    rows."""
     if (program.config["tuning"].get("fp8_mma") is False or program.tp > 1
-            or op.opcode not in DENSE_PROJECTIONS):
+            or op.opcode not in (*DENSE_PROJECTIONS, "moe_down_add")):
         return False
-    ws = [program.graph.tensors[w] for w in _weights(op)]
-    k = op.attrs["K"]
+    k, names = tile_weights(op)
+    if op.opcode == "moe_down_add" and op.attrs["shared_intermediate"] not in (0, k):
+        return False
+    ws = [program.graph.tensors[w] for w in names]
     return tile_unit_cols(k) is not None and all(
-        "scale_inv" in w.attrs and "scale_cols" not in w.attrs
+        "scale_inv" in w.attrs and "scale_cols" not in w.attrs and w.shape[1] == k
         and w.attrs["block"][1] == TILE_BLOCK_COLS and w.attrs["block"][0] % tile_rows(k) == 0
         and w.shape[0] % tile_rows(k) == 0 for w in ws)
 
 
 def is_tiled(program: Program, op) -> bool:
     """Whether tiling chose FP8 tiles for the weights of `op` (`_fp8_tiles_fit`)."""
-    return op.opcode in MATVEC and bool(program.graph.tensors[_weights(op)[0]].attrs.get("tiled"))
+    return (op.opcode in (*MATVEC, "moe_down_add")
+            and bool(program.graph.tensors[tile_weights(op)[1][0]].attrs.get("tiled")))
 
 
 def is_fp8_rows(program: Program, op) -> bool:
@@ -149,7 +165,7 @@ def stream_row_bytes(program: Program, op) -> int:
     """Bytes of what a ring page holds whole of a matrix-vector op: a row, or a tiled op's
     unit (decode.cuh: stream_rows)."""
     if is_tiled(program, op):
-        return tile_unit_bytes(op.attrs["K"])
+        return tile_unit_bytes(tile_weights(op)[0])
     return row_bytes(program, op)
 
 
@@ -305,16 +321,23 @@ def _tile_routed(program: Program, op) -> None:
                    ": every slot over all SMs (expert parallelism: an empty slot's tasks are "
                    "skipped quickly, a busy one's rows stream on every SM)"))
     else:
-        routed, shared = down_piece_bytes(program, op)
-        n = min(a["rows"], sms)
-        bounds = _bounds(a["rows"], n)
+        tiled = _fp8_tiles_fit(program, op)
+        for w in tile_weights(op)[1] if tiled else ():
+            program.graph.tensors[w].attrs["tiled"] = True
+        routed, shared = down_piece_bytes(program, op)  # a tiled row's share of its tiles
+        quantum = tile_rows(a["intermediate_size"]) if tiled else 1
+        n = min(a["rows"] // quantum, sms)
+        bounds = [quantum * b for b in _bounds(a["rows"] // quantum, n)]
         for i in range(n):
             r0, r1 = bounds[i], bounds[i + 1]
             segs = [WeightSegment(op.inputs[-1], r0, r1)] if shared else []
             program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
                                       round((r1 - r0) * (a["slots"] * routed * frac + shared))))
         tile["tasks"] = n
-        what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks"
+        what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks" + (
+            f", FP8 tiles of {quantum} rows for the tensor cores, each tile's pieces (units of "
+            f"{tile_unit_cols(a['intermediate_size'])} columns) from its slot's expert" if tiled
+            else "")
     op.attrs["tile"] = tile
     program.decide("tiling", f"{op.name}: {what}; weights picked at run time by expert id"
                    + (f", each slot busy with probability {frac:.3g}" if frac < 1 else ""))

@@ -27,7 +27,7 @@ from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_segments, tile_unit_bytes
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.tiling import is_tiled, stream_row_bytes
+from tilertc.passes.tiling import is_tiled, stream_row_bytes, tile_weights
 
 MMA = {"fp8_mma": True}
 ROWS = {"fp8_mma": False}
@@ -42,14 +42,14 @@ WIDE4 = {"hidden_size": 1536, "intermediate_size": 1536, "head_dim": 256}
 
 def tiled_tasks(program: Program) -> set[tuple[str, int, int]]:
     """(opcode, halves, segments) of the tasks the kernel runs on the tensor cores (w_format
-    fp8_e4m3_tiles)."""
+    fp8_e4m3_tiles); a MoE down task's segments are those of a piece (`tile_weights`)."""
     names = encode.fields(program)
     col = {n: i for i, n in enumerate(names)}
     opcode = {v: k for k, v in encode.OPCODES.items()}
     return {(opcode[int(row[col["opcode"]])],
              2 if int(row[col["epilogue"]]) == encode.EPILOGUES["silu_mul"] else 1,
-             tile_segments(int(row[col["k"]])))
-            for row in encode.encode(program)[0]
+             tile_segments(tile_weights(program.graph.op(t.op))[0]))
+            for t, row in zip(program.tasks, encode.encode(program)[0], strict=True)
             if int(row[col["w_format"]]) == encode.WEIGHT_FORMATS["fp8_e4m3_tiles"]}
 
 
@@ -115,10 +115,11 @@ def test_pages_hold_whole_units_and_the_vector_holds_the_digits(name: str) -> No
     program = make_program(spec, tuning=MMA)
     page, vec = program.config["page_bytes"], program.config["vec_floats"]
     tiled = [op for op in program.graph.ops() if is_tiled(program, op)]
-    assert {op.opcode for op in tiled} == {"norm_matvec", "matvec_add"}
+    moe = any(op.opcode == "moe_down_add" for op in program.graph.ops())
+    assert {op.opcode for op in tiled} == {"norm_matvec", "matvec_add", *(["moe_down_add"] * moe)}
     for op in tiled:
         unit, k = stream_row_bytes(program, op), op.attrs["K"]
-        assert unit == tile_unit_bytes(k) and page % unit < 1024 + 128
+        assert unit == tile_unit_bytes(tile_weights(op)[0]) and page % unit < 1024 + 128
         assert vec >= k + k // 128
 
 
@@ -183,6 +184,28 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, name: str, 
     assert_step_matches(bufs, env, token, spec.num_layers, PARTS, DIGITS_REL)
 
 
+# DeepSeek-V3-tiny with slots (and its shared expert) of 512 or 1024 columns: the routed down
+# projection as tiles, each tile's pieces from its slots' experts and the shared expert (tiles of
+# 16 rows x 4 segments on the H200; of 8 x 8 on 5 SMs, tasks of two tiles over two pages)
+MOE_DOWN_STEPS = [({"moe_intermediate_size": 512}, "h200", 4),
+                  ({"moe_intermediate_size": 1024}, small("h200-5", 5), 8)]
+
+
+@pytest.mark.parametrize(("overrides", "target", "segments"), MOE_DOWN_STEPS)
+def test_moe_down_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: dict,
+                                                         target: Any, segments: int) -> None:
+    """One decode step as above with the routed down projection on the tensor cores (the
+    loader's copy_pieces gathering units, stage_digits' per-piece digits, tile_pages' pieces)
+    against the interpreter: the routes exactly, every layer's residual stream, the logits."""
+    from test_deepseek_moe_kernel import assert_routes_match
+
+    spec = fp8_spec("deepseek-v3-tiny", overrides)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, MMA)
+    assert ("moe_down_add", 1, segments) in tiled_tasks(program)
+    assert assert_routes_match(program, bufs, env) == [1, 2]
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
+
+
 @pytest.mark.parametrize(("good", "bad"), [
     # a digit's factor one digit off (2^-4 instead of 2^-8 for digits 2 and 3)
     ("q & 1 ? 0x1p-8f : 1.f", "q & 1 ? 0x1p-4f : 1.f"),
@@ -203,8 +226,10 @@ def test_a_broken_fold_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, go
 
 # -- on a GPU ----------------------------------------------------------------------------------
 # dense models whose projections tile (llama-tiny-k1536 both ways; llama-tiny-odd's do not: its
-# rows stay on the CUDA cores), every FP8 projection but lm_head (bf16)
-GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-odd", "llama-tiny-k1536"]
+# rows stay on the CUDA cores), every FP8 projection but lm_head (bf16); a MoE model whose
+# routed down projection tiles (deepseek-v3-tiny-tiled-down)
+GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-odd", "llama-tiny-k1536",
+              "deepseek-v3-tiny-tiled-down"]
 
 
 @pytest.fixture(scope="module", params=GPU_MODELS)

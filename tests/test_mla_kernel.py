@@ -200,6 +200,8 @@ def step_source() -> str:
           for f in ("has_weights", "normed", "adds_residual")),
         k.line("__device__ __forceinline__ int rows_per_page"),
         "#if FP8_MMA", k.line("__device__ __forceinline__ int tile_segments"),
+        k.definition("__device__ __forceinline__ int tile_pieces"),
+        k.line("__device__ __forceinline__ int tile_k"),
         k.line("__device__ __forceinline__ int unit_cols"), "#endif",
         k.definition("__device__ __forceinline__ int stream_rows"),
         k.line("constexpr int SIGNAL_THREAD"),

@@ -372,12 +372,15 @@ def test_mla_chunks_all_signal_and_v_expand_merges_them() -> None:
 
 
 def test_cost_charges_routed_fp8_down_rows_their_measured_rate() -> None:
-    """DeepSeek-V3.2's routed down rows (FP8, a piece per slot) stream at the rate their page
-    compute kept up with on the H200; Qwen3-30B-A3B's bf16 ones at their bytes."""
-    fp8 = schedule(load_spec("deepseek-v3.2", overrides={"num_hidden_layers": 1,
-                                                         "first_k_dense_replace": 0}))
+    """DeepSeek-V3.2's routed down rows as FP8 rows (`fp8_mma=0`, a piece per slot on the CUDA
+    cores) stream at the rate their page compute kept up with on the H200; as FP8 tiles (the
+    default) and Qwen3-30B-A3B's bf16 ones at their bytes."""
+    spec = load_spec("deepseek-v3.2", overrides={"num_hidden_layers": 1,
+                                                 "first_k_dense_replace": 0})
+    rows = schedule(spec, tuning={"fp8_mma": False})
+    tiles = schedule(spec)
     bf16 = schedule(load_spec("qwen3-30b-a3b", overrides={"num_hidden_layers": 1}))
-    for program, share in ((fp8, ROUTED_DOWN_FP8_STREAM_SHARE), (bf16, 1.0)):
+    for program, share in ((rows, ROUTED_DOWN_FP8_STREAM_SHARE), (tiles, 1.0), (bf16, 1.0)):
         down = program.tasks_of("layers.0.moe.down_proj")[0]
         assert predicted_task_ns(program, down) == pytest.approx(down.est_ns / share)
 

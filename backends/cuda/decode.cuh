@@ -343,16 +343,28 @@ __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES /
 // The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
 // tile_segments); a tile is 64 / S rows.
 __device__ __forceinline__ int tile_segments(int k) { return k % 1024 == 0 ? 8 : 4; }
+// The pieces of a tile task's rows, each with its own tiles and its own part of the input: one,
+// or a MoE down task's slots' and the shared expert's (whose width tiling makes a slot's: a
+// piece is F_K / pieces columns); their sums add up (tile_pages).
+__device__ __forceinline__ int tile_pieces(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return t[F_SLOTS] + (MOE_SHARED_K > 0);
+#endif
+  return 1;
+}
+__device__ __forceinline__ int tile_k(const int* t) { return t[F_K] / tile_pieces(t); }  // a piece's columns
 // The columns C of a unit: F_ROW_BYTES = 64 C values + S C / 128 fp32 scales = C (2048 + S) / 32.
-__device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(t[F_K])); }
+__device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(tile_k(t))); }
 #endif
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
-// FP8 tile task's units: per tile (a gate/up task's rows have a gate and an up tile), k / S / C.
+// FP8 tile task's units: per tile (a gate/up task's rows have a gate and an up tile) and piece,
+// k / S / C of a piece's k columns.
 __device__ __forceinline__ int stream_rows(const int* t) {
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    const int S = tile_segments(t[F_K]);
-    return (t[F_ROW1] - t[F_ROW0]) / (64 / S) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * (t[F_K] / S / unit_cols(t));
+    const int k = tile_k(t), S = tile_segments(k);
+    return (t[F_ROW1] - t[F_ROW0]) / (64 / S) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * tile_pieces(t) *
+           (k / S / unit_cols(t));
   }
 #endif
   return t[F_ROW1] - t[F_ROW0];
@@ -446,8 +458,26 @@ __device__ __forceinline__ int loaded_row_bytes(const int* t, const uint8_t* con
 // One page of a routed task with several pieces per row (the MoE down projection: a row is
 // the down rows of every slot's expert side by side, then the shared expert's): one bulk copy
 // per row and piece.
+// A down task of FP8 tiles streams units instead (stream_rows: tile by tile, each tile's pieces
+// in turn, each piece's units in turn): one bulk copy per unit, from its piece's tiles of the
+// task's rows.
 __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIECES], const int* t, int r, int n,
                             uint64_t* bar) {
+#if FP8_MMA
+  if (t[F_W_FORMAT] == WF_FP8_TILES) {
+    const int ub = t[F_ROW_BYTES], pieces = tile_pieces(t), k = tile_k(t);
+    const int per_tile = k / tile_segments(k) / unit_cols(t);
+    for (int i = 0; i < n; ++i) {
+      const int u = r + i, j = u / per_tile % pieces, tile = u / (pieces * per_tile);
+      const uint8_t* src = piece[MOE_TOP_K];  // the shared expert's, unless a slot's (indexed
+#pragma unroll                                // by a constant: piece stays in registers)
+      for (int q = 0; q < MOE_TOP_K; ++q)
+        if (q == j && j < t[F_SLOTS]) src = piece[q];
+      bulk_copy(page + i * ub, src + (static_cast<long long>(tile) * per_tile + u % per_tile) * ub, ub, bar);
+    }
+    return;
+  }
+#endif
   const int rb = t[F_ROW_BYTES], slots = t[F_SLOTS], bytes = (rb - MOE_SHARED_BYTES) / slots;
   for (int rr = 0; rr < n; ++rr) {
 #pragma unroll
@@ -1310,7 +1340,8 @@ __device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&w
 // bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each block's
 // factor 2^(E + 5) (k / 128 floats). A warp takes a 128-column block at a time, a lane 4 columns.
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
-  const int k = t[F_K], S = tile_segments(k), blocks = k / FP8_BLOCK_COLS, per_segment = blocks / S;
+  const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
+  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S;
   const int warp = ct >> 5, lane = ct & 31;
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
@@ -1332,8 +1363,10 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     // the lane's 4 columns: segment j, its chunk of 16 columns (a store's 8 chunks share banks:
     // 8 wavefronts, a few cycles against the L2 round trip of the load; choosing each lane's
     // digit by its chunk to spread them compiled to branches)
-    const int j = blk / per_segment, chunk = blk % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
-    uint8_t* at = b + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j + 4 * (lane & 3);
+    // (a piece's columns: its own block of digits, as if the task's whole input)
+    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
+    uint8_t* at = b + blk / per_piece * TILE_DIGITS * kp + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j +
+                  4 * (lane & 3);
 #pragma unroll
     for (int n = 0; n < TILE_DIGITS; ++n) *reinterpret_cast<uint32_t*>(at + 16 * n) = words[n];
     if (lane == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
@@ -1601,13 +1634,16 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 // the caller). Whole units rather than (unit, block) items in turn: a warp flushes half as often
 // and walks half the items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b
 // gate/up pages of 4 units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
+// A MoE down task's units come a tile's pieces in turn, each piece over its own digits; finding
+// a unit's piece costs divisions, which only such a task pays (in every unit of every tile task
+// they had made a page ~0.4 us longer).
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
 template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
                            int lane, int group, int gw) {
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
-  const int C = unit_cols(t), kseg = t[F_K] / S, per_tile = kseg / C;
-  const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS;
+  const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg / C;
+  const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS, per_piece = kp / FP8_BLOCK_COLS;
   const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
@@ -1625,11 +1661,17 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
     float y[ROWS] = {};
     int tile = -1;
     for (int i = wg; i < n; i += GROUP_WARPS / 4) {
-      const int part = (u0 + i) % per_tile;
-      if ((u0 + i) / per_tile != tile) {
-        if (tile >= 0) flush(tile, y);
-        tile = (u0 + i) / per_tile;
+      const int u = u0 + i, v = u / per_tile, part = u % per_tile;  // v: the unit's piece of its tile
+      int piece = 0, unit_tile = v;
+      if (pieces > 1) {
+        piece = v % pieces;
+        unit_tile = v / pieces;
       }
+      if (unit_tile != tile) {
+        if (tile >= 0) flush(tile, y);
+        tile = unit_tile;
+      }
+      const uint8_t* xp = xb + piece * TILE_DIGITS * kp;  // the piece's digits (stage_digits)
       const uint8_t* unit = page + i * rb;  // columns [part C, part C + C) of every segment
       const float* scale = reinterpret_cast<const float*>(unit + TILE_M * C);
       for (int b = 0; b < blocks; ++b) {
@@ -1639,7 +1681,7 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
         for (int k32 = 0; k32 < 4; ++k32) {
           const int step = 4 * b + k32;
           Wgmma<N>::mma(d, smem_desc(unit + step * 2048, 1024, 128),
-                        smem_desc(xb + (part * C / 32 + step) * 2 * CHUNK, CHUNK, 128), k32);
+                        smem_desc(xp + (part * C / 32 + step) * 2 * CHUNK, CHUNK, 128), k32);
         }
         wgmma_commit();
         wgmma_wait_all();
@@ -1649,7 +1691,7 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
           const int row = 16 * w + g + 8 * (v % 4 / 2), col = 8 * (v / 4) + 2 * q + v % 2;
           if (col / TILE_DIGITS == row / R) sum[ROWS == 1 ? 0 : v % 4 / 2] += d[v] * (v % 2 ? f1 : f0);
         }
-        const float f = scale[j * blocks + b] * factor[j * per_segment + part * blocks + b];
+        const float f = scale[j * blocks + b] * factor[piece * per_piece + j * per_segment + part * blocks + b];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) y[r] = fmaf(f, sum[r], y[r]);
       }
@@ -1676,7 +1718,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    if (tile_segments(t[F_K]) == 8)
+    if (tile_segments(tile_k(t)) == 8)
       tile_pages<8>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
     else
       tile_pages<4>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
