@@ -118,26 +118,29 @@ def _weights(op) -> list[str]:
 
 def tile_weights(op) -> tuple[int, list[str]]:
     """The columns of one tiled row of `op` and the weights whose rows are tiled alike: a
-    projection's K and weights; a MoE down projection's piece, a slot's intermediate columns,
-    and every expert's down weight, then the shared expert's (each piece of a row from its own
-    weight, its sum over its own part of the input: decode.cuh, tile_pieces)."""
+    projection's K and weights; the routed gate/up's K and every expert's gate and up weights;
+    a MoE down projection's piece, a slot's intermediate columns, and every expert's down
+    weight, then the shared expert's (each piece of a row from its own weight, its sum over its
+    own part of the input: decode.cuh, tile_pieces)."""
     if op.opcode == "moe_down_add":
         _, _, _, _, _, experts, shared = down_inputs(op)
         return op.attrs["intermediate_size"], [*experts, *([shared] if shared else [])]
+    if op.opcode == "moe_gate_up":
+        return op.attrs["K"], list(op.inputs[3:])
     return op.attrs["K"], _weights(op)
 
 
 def _fp8_tiles_fit(program: Program, op) -> bool:
     """Whether the FP8 weights of `op` stream as tiles for the tensor cores (unless the
     `fp8_mma` knob is 0; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection
-    (`norm_matvec`, `matvec_add`) or a MoE down projection (whose shared expert, if any, is a
-    slot wide) on one GPU, whose weights are 128-column scale blocks, of rows in whole tiles
-    (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not of 1024; they then
-    never straddle a scale block's rows), and whose K (a down projection's: a slot's) cuts into
-    segments of whole blocks. The routed gate/up, MLA's head rows and other shapes keep their
+    (`norm_matvec`, `matvec_add`), the routed gate/up, or a MoE down projection (whose shared
+    expert, if any, is a slot wide) on one GPU, whose weights are 128-column scale blocks, of
+    rows in whole tiles (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not
+    of 1024; they then never straddle a scale block's rows), and whose K (a down projection's:
+    a slot's) cuts into segments of whole blocks. MLA's head rows and other shapes keep their
     rows."""
     if (program.config["tuning"].get("fp8_mma") is False or program.tp > 1
-            or op.opcode not in (*DENSE_PROJECTIONS, "moe_down_add")):
+            or op.opcode not in (*DENSE_PROJECTIONS, *ROUTED)):
         return False
     k, names = tile_weights(op)
     if op.opcode == "moe_down_add" and op.attrs["shared_intermediate"] not in (0, k):
@@ -151,7 +154,7 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
 
 def is_tiled(program: Program, op) -> bool:
     """Whether tiling chose FP8 tiles for the weights of `op` (`_fp8_tiles_fit`)."""
-    return (op.opcode in (*MATVEC, "moe_down_add")
+    return (op.opcode in (*MATVEC, *ROUTED)
             and bool(program.graph.tensors[tile_weights(op)[1][0]].attrs.get("tiled")))
 
 
@@ -302,16 +305,24 @@ def _tile_routed(program: Program, op) -> None:
     a, sms = op.attrs, program.target.num_sms
     frac = busy(program, op)
     tile = {"busy": frac}
+    tiled = _fp8_tiles_fit(program, op)
+    for w in tile_weights(op)[1] if tiled else ():
+        program.graph.tensors[w].attrs["tiled"] = True
+    # a task's rows are whole tiles (rows, then each row's share of its tiles: row_bytes)
+    quantum = tile_rows(tile_weights(op)[0]) if tiled else 1
+    tiles = (f", FP8 tiles of {quantum} rows for the tensor cores (units of "
+             f"{tile_unit_cols(tile_weights(op)[0])} columns)" if tiled else "")
     if op.opcode == "moe_gate_up":
         rb, inter = row_bytes(program, op), a["intermediate_size"]
-        n = routed_tasks_per_slot(program, op)
-        bounds = _bounds(inter, n)
+        n = min(routed_tasks_per_slot(program, op), inter // quantum)
+        bounds = [quantum * b for b in _bounds(inter // quantum, n)]
         for slot in range(a["slots"]):
             for i in range(n):
                 r0, r1 = slot * inter + bounds[i], slot * inter + bounds[i + 1]
                 program.tasks.append(Task(op.name, op.opcode, slot * n + i, (r0, r1),
                                           weight_bytes=round((r1 - r0) * rb * frac)))
-        lo, hi = inter // n, -(-inter // n)
+        sizes = [b - b0 for b0, b in zip(bounds, bounds[1:], strict=False)]
+        lo, hi = min(sizes), max(sizes)
         tile.update(tasks=a["slots"] * n, tasks_per_slot=n, rows_per_task=(lo, hi))
         what = (f"{a['slots']} slots x {inter} rows x {rb} B -> {a['slots']} x {n} tasks of "
                 + (f"{lo}-{hi} rows" if lo != hi else f"{lo} row" + "s" * (lo != 1))
@@ -319,13 +330,9 @@ def _tile_routed(program: Program, op) -> None:
                    "(at most its rows), about one gate/up task per SM: fewer, larger tasks, "
                    "each task's fixed cost paid once per SM" if frac == 1 else
                    ": every slot over all SMs (expert parallelism: an empty slot's tasks are "
-                   "skipped quickly, a busy one's rows stream on every SM)"))
+                   "skipped quickly, a busy one's rows stream on every SM)") + tiles)
     else:
-        tiled = _fp8_tiles_fit(program, op)
-        for w in tile_weights(op)[1] if tiled else ():
-            program.graph.tensors[w].attrs["tiled"] = True
-        routed, shared = down_piece_bytes(program, op)  # a tiled row's share of its tiles
-        quantum = tile_rows(a["intermediate_size"]) if tiled else 1
+        routed, shared = down_piece_bytes(program, op)
         n = min(a["rows"] // quantum, sms)
         bounds = [quantum * b for b in _bounds(a["rows"] // quantum, n)]
         for i in range(n):
@@ -334,10 +341,8 @@ def _tile_routed(program: Program, op) -> None:
             program.tasks.append(Task(op.name, op.opcode, i, (r0, r1), segs,
                                       round((r1 - r0) * (a["slots"] * routed * frac + shared))))
         tile["tasks"] = n
-        what = f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks" + (
-            f", FP8 tiles of {quantum} rows for the tensor cores, each tile's pieces (units of "
-            f"{tile_unit_cols(a['intermediate_size'])} columns) from its slot's expert" if tiled
-            else "")
+        what = (f"{a['rows']} rows x ({a['slots']} slots + shared) -> {n} tasks" + tiles
+                + (", each tile's pieces from its slot's expert" if tiled else ""))
     op.attrs["tile"] = tile
     program.decide("tiling", f"{op.name}: {what}; weights picked at run time by expert id"
                    + (f", each slot busy with probability {frac:.3g}" if frac < 1 else ""))

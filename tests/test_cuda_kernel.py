@@ -96,8 +96,10 @@ VARIANTS = {
         "vocab_size": 32000, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
     "glm-5-fp8-attention": ("glm-5", {
         "vocab_size": 32000, "num_hidden_layers": 2, "first_k_dense_replace": 2}),
-    # slots (and the shared expert) 512 columns wide: the routed down projection as FP8 tiles
-    "deepseek-v3-tiny-tiled-down": ("deepseek-v3-tiny", {"moe_intermediate_size": 512}),
+    # slots (and the shared expert) 512 columns wide, hidden 1024: the routed experts' gate/up
+    # and down projections as FP8 tiles
+    "deepseek-v3-tiny-tiled-moe": ("deepseek-v3-tiny", {"hidden_size": 1024,
+                                                        "moe_intermediate_size": 512}),
     # FP8 under --tp 2: deepseek-v3-tiny with dims whose halves are whole 128-blocks of scales
     # (tests/test_tp.py: ALIGNED)
     "deepseek-v3-tiny-fp8-aligned": ("deepseek-v3-tiny", {

@@ -92,15 +92,17 @@ def test_it_compiles_without_spills(tmp_path: Path) -> None:
 
 
 def test_tiles_are_whole_and_only_where_they_fit() -> None:
-    """Every tiled task is whole tiles of 8 rows; a projection whose K does not cut into 8
-    segments of whole 128-column blocks (qwen3-moe-tiny's routed experts: not dense) keeps
-    its rows, and so does every task without the knob."""
+    """Every tiled task is whole tiles of 8 rows; a projection whose K does not cut into
+    segments of whole 128-column blocks (qwen3-moe-tiny's routed down projection: K = 32)
+    keeps its rows, and so does every task without the knob."""
     spec = fp8_spec("qwen3-moe-tiny", {"hidden_size": 1024, "head_dim": 256})
     program = make_program(spec, tuning=MMA)
     tiled = [t for t in program.tasks if is_tiled(program, program.graph.op(t.op))]
-    assert {t.opcode for t in tiled} == {"norm_matvec", "matvec_add"}
+    assert {t.opcode for t in tiled} == {"norm_matvec", "matvec_add", "moe_gate_up"}
     assert all(r % tile_rows(1024) == 0 for t in tiled for r in t.rows)
-    assert tiled_tasks(program) == {("norm_matvec", 1, 8), ("matvec_add", 1, 8)}  # no dense MLP
+    # no dense MLP; the routed gate/up (K = 1024) tiles, its down does not
+    assert tiled_tasks(program) == {("norm_matvec", 1, 8), ("matvec_add", 1, 8),
+                                    ("moe_gate_up", 2, 8)}
     assert not tiled_tasks(make_program(spec, tuning=ROWS))
 
 
@@ -115,8 +117,8 @@ def test_pages_hold_whole_units_and_the_vector_holds_the_digits(name: str) -> No
     program = make_program(spec, tuning=MMA)
     page, vec = program.config["page_bytes"], program.config["vec_floats"]
     tiled = [op for op in program.graph.ops() if is_tiled(program, op)]
-    moe = any(op.opcode == "moe_down_add" for op in program.graph.ops())
-    assert {op.opcode for op in tiled} == {"norm_matvec", "matvec_add", *(["moe_down_add"] * moe)}
+    moe = ["moe_gate_up", "moe_down_add"] if spec.moe else []
+    assert {op.opcode for op in tiled} == {"norm_matvec", "matvec_add", *moe}
     for op in tiled:
         unit, k = stream_row_bytes(program, op), op.attrs["K"]
         assert unit == tile_unit_bytes(tile_weights(op)[0]) and page % unit < 1024 + 128
@@ -186,22 +188,26 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, name: str, 
 
 # DeepSeek-V3-tiny with slots (and its shared expert) of 512 or 1024 columns: the routed down
 # projection as tiles, each tile's pieces from its slots' experts and the shared expert (tiles of
-# 16 rows x 4 segments on the H200; of 8 x 8 on 5 SMs, tasks of two tiles over two pages)
-MOE_DOWN_STEPS = [({"moe_intermediate_size": 512}, "h200", 4),
-                  ({"moe_intermediate_size": 1024}, small("h200-5", 5), 8)]
+# 16 rows x 4 segments on the H200; of 8 x 8 on 5 SMs, tasks of two tiles over two pages); with
+# a hidden size of 1024 the routed gate/up too (a slot's expert's gate and up tiles in turn)
+MOE_STEPS = [({"moe_intermediate_size": 512}, "h200", {("moe_down_add", 1, 4)}),
+             ({"moe_intermediate_size": 1024}, small("h200-5", 5), {("moe_down_add", 1, 8)}),
+             ({"hidden_size": 1024, "moe_intermediate_size": 1024}, "h200",
+              {("moe_gate_up", 2, 8), ("moe_down_add", 1, 8)})]
 
 
-@pytest.mark.parametrize(("overrides", "target", "segments"), MOE_DOWN_STEPS)
-def test_moe_down_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: dict,
-                                                         target: Any, segments: int) -> None:
-    """One decode step as above with the routed down projection on the tensor cores (the
-    loader's copy_pieces gathering units, stage_digits' per-piece digits, tile_pages' pieces)
-    against the interpreter: the routes exactly, every layer's residual stream, the logits."""
+@pytest.mark.parametrize(("overrides", "target", "covers"), MOE_STEPS)
+def test_moe_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: dict,
+                                                    target: Any, covers: set) -> None:
+    """One decode step as above with the routed experts on the tensor cores (the loader
+    gathering a down task's units with copy_pieces, stage_digits' per-piece digits, tile_pages'
+    pieces; a gate/up task's expert's tiles) against the interpreter: the routes exactly, every
+    layer's residual stream, the logits."""
     from test_deepseek_moe_kernel import assert_routes_match
 
     spec = fp8_spec("deepseek-v3-tiny", overrides)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, MMA)
-    assert ("moe_down_add", 1, segments) in tiled_tasks(program)
+    assert tiled_tasks(program) >= covers
     assert assert_routes_match(program, bufs, env) == [1, 2]
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
 
@@ -227,9 +233,9 @@ def test_a_broken_fold_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, go
 # -- on a GPU ----------------------------------------------------------------------------------
 # dense models whose projections tile (llama-tiny-k1536 both ways; llama-tiny-odd's do not: its
 # rows stay on the CUDA cores), every FP8 projection but lm_head (bf16); a MoE model whose
-# routed down projection tiles (deepseek-v3-tiny-tiled-down)
+# routed experts tile (deepseek-v3-tiny-tiled-moe)
 GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-odd", "llama-tiny-k1536",
-              "deepseek-v3-tiny-tiled-down"]
+              "deepseek-v3-tiny-tiled-moe"]
 
 
 @pytest.fixture(scope="module", params=GPU_MODELS)
