@@ -10,7 +10,8 @@ that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 
 that both run at once.
 Unless the `fp8_mma` knob is 0, a dense FP8 projection whose shape fits is cut in whole tiles
 of 8 rows (16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
-`ir/fp8.py: pack_tiles`) and its weights marked `tiled`.
+`ir/fp8.py: pack_tiles`) and its weights marked `tiled`; so are the routed experts' (a gate/up
+slot's rows, a down projection's rows whose pieces are a tile's K wide: `tile_weights`).
 Attention is tiled by KV head group (a task owns the query heads that share one KV head, so
 each key is read once for all of them) and, within a group, by context chunk, so that the KV
 cache of a layer is read by many SMs at once instead of a few: the chunk count is the SM count
@@ -305,13 +306,13 @@ def _tile_routed(program: Program, op) -> None:
     a, sms = op.attrs, program.target.num_sms
     frac = busy(program, op)
     tile = {"busy": frac}
-    tiled = _fp8_tiles_fit(program, op)
-    for w in tile_weights(op)[1] if tiled else ():
+    tiled, (k, names) = _fp8_tiles_fit(program, op), tile_weights(op)
+    for w in names if tiled else ():
         program.graph.tensors[w].attrs["tiled"] = True
     # a task's rows are whole tiles (rows, then each row's share of its tiles: row_bytes)
-    quantum = tile_rows(tile_weights(op)[0]) if tiled else 1
+    quantum = tile_rows(k) if tiled else 1
     tiles = (f", FP8 tiles of {quantum} rows for the tensor cores (units of "
-             f"{tile_unit_cols(tile_weights(op)[0])} columns)" if tiled else "")
+             f"{tile_unit_cols(k)} columns)" if tiled else "")
     if op.opcode == "moe_gate_up":
         rb, inter = row_bytes(program, op), a["intermediate_size"]
         n = min(routed_tasks_per_slot(program, op), inter // quantum)
