@@ -355,6 +355,11 @@ __device__ __forceinline__ int tile_pieces(const int* t) {
 __device__ __forceinline__ int tile_k(const int* t) { return t[F_K] / tile_pieces(t); }  // a piece's columns
 // The columns C of a unit: F_ROW_BYTES = 64 C values + S C / 128 fp32 scales = C (2048 + S) / 32.
 __device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(tile_k(t))); }
+// The units of one piece of a tile: a piece's k / S columns of a segment, C a unit.
+__device__ __forceinline__ int tile_units(const int* t) {
+  const int k = tile_k(t);
+  return k / tile_segments(k) / unit_cols(t);
+}
 #endif
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
 // FP8 tile task's units: per tile (a gate/up task's rows have a gate and an up tile) and piece,
@@ -362,9 +367,8 @@ __device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYT
 __device__ __forceinline__ int stream_rows(const int* t) {
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    const int k = tile_k(t), S = tile_segments(k);
-    return (t[F_ROW1] - t[F_ROW0]) / (64 / S) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) * tile_pieces(t) *
-           (k / S / unit_cols(t));
+    return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) *
+           tile_pieces(t) * tile_units(t);
   }
 #endif
   return t[F_ROW1] - t[F_ROW0];
@@ -465,8 +469,7 @@ __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIE
                             uint64_t* bar) {
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    const int ub = t[F_ROW_BYTES], pieces = tile_pieces(t), k = tile_k(t);
-    const int per_tile = k / tile_segments(k) / unit_cols(t);
+    const int ub = t[F_ROW_BYTES], pieces = tile_pieces(t), per_tile = tile_units(t);
     for (int i = 0; i < n; ++i) {
       const int u = r + i, j = u / per_tile % pieces, tile = u / (pieces * per_tile);
       const uint8_t* src = piece[MOE_TOP_K];  // the shared expert's, unless a slot's (indexed
