@@ -462,21 +462,23 @@ __device__ __forceinline__ int loaded_row_bytes(const int* t, const uint8_t* con
 // One page of a routed task with several pieces per row (the MoE down projection: a row is
 // the down rows of every slot's expert side by side, then the shared expert's): one bulk copy
 // per row and piece.
-// A down task of FP8 tiles streams units instead (stream_rows: tile by tile, each tile's pieces
-// in turn, each piece's units in turn): one bulk copy per unit, from its piece's tiles of the
-// task's rows.
+// A down task of FP8 tiles streams units instead (stream_rows), piece by piece: a piece's units
+// of the task's tiles lie in a row in its expert's tiles, so a page is one or two bulk copies.
+// (Tile by tile, each tile's pieces in turn, a page of 4 units was 4 copies from 4 experts and
+// took 3.5 us from issue to arrival against ~2.2 for a contiguous one; H200, docs/performance.md.)
 __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIECES], const int* t, int r, int n,
                             uint64_t* bar) {
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    const int ub = t[F_ROW_BYTES], pieces = tile_pieces(t), per_tile = tile_units(t);
-    for (int i = 0; i < n; ++i) {
-      const int u = r + i, j = u / per_tile % pieces, tile = u / (pieces * per_tile);
+    const int ub = t[F_ROW_BYTES], per_piece = stream_rows(t) / tile_pieces(t);
+    for (int i = 0; i < n;) {
+      const int u = r + i, j = u / per_piece, run = min(n - i, per_piece - u % per_piece);
       const uint8_t* src = piece[MOE_TOP_K];  // the shared expert's, unless a slot's (indexed
 #pragma unroll                                // by a constant: piece stays in registers)
       for (int q = 0; q < MOE_TOP_K; ++q)
         if (q == j && j < t[F_SLOTS]) src = piece[q];
-      bulk_copy(page + i * ub, src + (static_cast<long long>(tile) * per_tile + u % per_tile) * ub, ub, bar);
+      bulk_copy(page + i * ub, src + static_cast<long long>(u % per_piece) * ub, run * ub, bar);
+      i += run;
     }
     return;
   }
@@ -1637,9 +1639,9 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 // the caller). Whole units rather than (unit, block) items in turn: a warp flushes half as often
 // and walks half the items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b
 // gate/up pages of 4 units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
-// A MoE down task's units come a tile's pieces in turn, each piece over its own digits; finding
-// a unit's piece costs divisions, which only such a task pays (in every unit of every tile task
-// they had made a page ~0.4 us longer).
+// A MoE down task's units come piece by piece (copy_pieces), each piece over its own digits;
+// finding a unit's piece costs divisions, which only such a task pays (in every unit of every
+// tile task they had made a page ~0.4 us longer).
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
 template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
@@ -1647,6 +1649,7 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
   const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg / C;
   const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS, per_piece = kp / FP8_BLOCK_COLS;
+  const int piece_units = pieces > 1 ? stream_rows(t) / pieces : 0;  // a piece's units of the task
   const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
@@ -1664,12 +1667,12 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
     float y[ROWS] = {};
     int tile = -1;
     for (int i = wg; i < n; i += GROUP_WARPS / 4) {
-      const int u = u0 + i, v = u / per_tile, part = u % per_tile;  // v: the unit's piece of its tile
-      int piece = 0, unit_tile = v;
+      int piece = 0, pu = u0 + i;  // pu: the unit's index among its piece's
       if (pieces > 1) {
-        piece = v % pieces;
-        unit_tile = v / pieces;
+        piece = pu / piece_units;
+        pu %= piece_units;
       }
+      const int unit_tile = pu / per_tile, part = pu % per_tile;
       if (unit_tile != tile) {
         if (tile >= 0) flush(tile, y);
         tile = unit_tile;
