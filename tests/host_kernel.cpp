@@ -81,6 +81,7 @@ struct __nv_bfloat162 {
   __nv_bfloat16 x, y;
 };
 static inline uint2 make_uint2(uint32_t x, uint32_t y) { return {x, y}; }
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return {x, y, z, w}; }
 static inline int2 make_int2(int x, int y) { return {x, y}; }
 static inline float __bfloat162float(__nv_bfloat16 b) {
   const uint32_t u = static_cast<uint32_t>(b) << 16;

@@ -15,8 +15,11 @@
 //   noshfl     each lane's own largest |x| instead of the block's (wrong digits: timing only)
 //   nostore    the words XORed into a register written once at the end (timing only)
 //   spin       base with the polling warp
+//   chunks     decode.cuh's stage_digits since: 4 blocks a warp, 8 lanes a block, a lane 16
+//              columns (3 shuffles a block, one 16-byte store a digit, the stores' digits
+//              rotated by lane against bank conflicts)
 //
-// base and nodiv must give the same digits (checked: a checksum of the staged bytes). Build and
+// base, nodiv and chunks must give the same digits (checked: a checksum of the staged bytes). Build and
 // run (on an H200):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o stage_round_bench tools/stage_round_bench.cu
 //   ./stage_round_bench
@@ -30,8 +33,8 @@
 #include <vector>
 
 constexpr int WARPS = 16, BLOCK = 128, DIGITS = 4, REPS = 16;
-enum Variant { BASE = 0, NOLOAD = 1, NODIV = 2, NOSHFL = 3, NOSTORE = 4, SPIN = 5 };
-const char* const NAMES[] = {"base", "noload", "nodiv", "noshfl", "nostore", "spin"};
+enum Variant { BASE = 0, NOLOAD = 1, NODIV = 2, NOSHFL = 3, NOSTORE = 4, SPIN = 5, CHUNKS = 6 };
+const char* const NAMES[] = {"base", "noload", "nodiv", "noshfl", "nostore", "spin", "chunks"};
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("CUDA %s at line %d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 
@@ -41,8 +44,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 __device__ __forceinline__ int block_exponent(float amax) { return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100); }
-// decode.cuh: digit_words (the four e4m3 digits of 4 columns with a block's exponent E)
-__device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&words)[DIGITS]) {
+// decode.cuh: fixed_columns and digit_word (4 columns as 16-bit fixed point with a block's
+// exponent E; their digit t, a byte a column); digit_words: the four, as the base's round made them
+struct FixedColumns {
+  uint32_t m01, m23, sign;
+};
+__device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
   const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
   uint32_t M[4], sign = 0;
 #pragma unroll
@@ -50,12 +57,16 @@ __device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&w
     M[e] = min(__float_as_uint(fabsf(v[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
     sign |= (__float_as_uint(v[e]) >> 31) << (8 * e + 7);
   }
-  const uint32_t m01 = M[0] | M[1] << 16, m23 = M[2] | M[3] << 16;
+  return {M[0] | M[1] << 16, M[2] | M[3] << 16, sign};
+}
+__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
+  const int shift = 12 - 4 * t;
+  return __byte_perm((f.m01 >> shift) & 0x000f000fu, (f.m23 >> shift) & 0x000f000fu, 0x6420) | f.sign;
+}
+__device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&words)[DIGITS]) {
+  const FixedColumns f = fixed_columns(x, E);
 #pragma unroll
-  for (int t = 0; t < DIGITS; ++t) {
-    const int shift = 12 - 4 * t;
-    words[t] = __byte_perm((m01 >> shift) & 0x000f000fu, (m23 >> shift) & 0x000f000fu, 0x6420) | sign;
-  }
+  for (int t = 0; t < DIGITS; ++t) words[t] = digit_word(f, t);
 }
 
 struct Timing { long long cycles, ns; };
@@ -102,6 +113,37 @@ __device__ void stage(const float4* x, int k, int kp, int S, uint8_t* b, float* 
   }
 }
 
+// CHUNKS: decode.cuh's stage_digits (without the norm and the MoE combine)
+__device__ void stage_chunks(const float4* x, int k, int kp, int S, uint8_t* b, float* factor) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c = lane % 8, blocks = k / BLOCK;
+  const int per_piece = kp / BLOCK, per_segment = per_piece / S;
+  for (int first = 4 * warp; first < blocks; first += 4 * WARPS) {
+    const int blk = first + lane / 8, i = blk * (BLOCK / 4) + 4 * c;
+    float4 a[4];
+    float m = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      a[q] = __ldcg(x + i + q);
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[q].x), fabsf(a[q].y)), fmaxf(fabsf(a[q].z), fabsf(a[q].w))));
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const int E = block_exponent(m);
+    FixedColumns f[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) f[q] = fixed_columns(a[q], E);
+    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (BLOCK / 16) + c;
+    uint8_t* at = b + blk / per_piece * DIGITS * kp + chunk * 16 * DIGITS * S + 16 * DIGITS * j;
+#pragma unroll
+    for (int r = 0; r < DIGITS; ++r) {
+      const int n = (c + r) % DIGITS;
+      *reinterpret_cast<uint4*>(at + 16 * n) =
+          make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
+    }
+    if (c == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
+  }
+}
+
 template <int V>
 __global__ void __launch_bounds__((WARPS + 1) * 32, 1) bench(const float4* x, int k, int kp, int S, Timing* out,
                                                                 unsigned long long* sums) {
@@ -130,7 +172,10 @@ __global__ void __launch_bounds__((WARPS + 1) * 32, 1) bench(const float4* x, in
   asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32));
   const Timing t0 = now();
   for (int r = 0; r < REPS; ++r) {
-    stage<V>(x, k, kp, S, b, factor, r, sink);
+    if (V == CHUNKS)
+      stage_chunks(x, k, kp, S, b, factor);
+    else
+      stage<V>(x, k, kp, S, b, factor, r, sink);
     asm volatile("bar.sync 1, %0;" ::"n"(WARPS * 32) : "memory");
   }
   const Timing t1 = now();
@@ -165,7 +210,7 @@ static void run(const float4* dx, int k, int kp, int S, int sms) {
   for (const Timing& x : t) { c.push_back(x.cycles); n.push_back(x.ns); }
   std::sort(c.begin(), c.end());
   std::sort(n.begin(), n.end());
-  const int rounds = (k / BLOCK + WARPS - 1) / WARPS;
+  const int rounds = (k / BLOCK + WARPS - 1) / WARPS;  // (of the base: cycles per 16 blocks)
   printf("k %5d pieces %d  %-8s  staging %7.2f us  round %6.0f cycles  (median of %d SMs)  checksum %016llx\n", k,
          k / kp, NAMES[V], n[sms / 2] / 1e3 / REPS, static_cast<double>(c[sms / 2]) / REPS / rounds, sms, sums[0]);
   cudaFree(dout);
@@ -193,6 +238,7 @@ int main() {
     run<NOSHFL>(dx, k, kp, S, sms);
     run<NOSTORE>(dx, k, kp, S, sms);
     run<SPIN>(dx, k, kp, S, sms);
+    run<CHUNKS>(dx, k, kp, S, sms);
     cudaFree(dx);
   }
   return 0;

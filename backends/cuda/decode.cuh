@@ -1322,8 +1322,11 @@ static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
 __device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
   return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
 }
-// words[t]: digit t of the 4 columns x (a byte each, the first column lowest)
-__device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&words)[TILE_DIGITS]) {
+// 4 columns x as 16-bit fixed-point magnitudes, two to a word, and their signs (bit 7 of each byte)
+struct FixedColumns {
+  uint32_t m01, m23, sign;
+};
+__device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
   const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
   uint32_t M[4], sign = 0;
 #pragma unroll
@@ -1331,50 +1334,66 @@ __device__ __forceinline__ void digit_words(const float4& x, int E, uint32_t (&w
     M[e] = min(__float_as_uint(fabsf(v[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
     sign |= (__float_as_uint(v[e]) >> 31) << (8 * e + 7);
   }
-  const uint32_t m01 = M[0] | M[1] << 16, m23 = M[2] | M[3] << 16;
-#pragma unroll
-  for (int t = 0; t < TILE_DIGITS; ++t) {
-    const int shift = 12 - 4 * t;
-    words[t] = __byte_perm((m01 >> shift) & 0x000f000fu, (m23 >> shift) & 0x000f000fu, 0x6420) | sign;
-  }
+  return {M[0] | M[1] << 16, M[2] | M[3] << 16, sign};
+}
+// digit t of the 4 columns (a byte each, the first column lowest)
+__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
+  const int shift = 12 - 4 * t;
+  return __byte_perm((f.m01 >> shift) & 0x000f000fu, (f.m23 >> shift) & 0x000f000fu, 0x6420) | f.sign;
 }
 
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
-// weight and 1/rms as there): per 16 columns of a segment, 64 S bytes holding column n = 4 j + t
-// (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B is 128 S
-// bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each block's
-// factor 2^(E + 5) (k / 128 floats). A warp takes a 128-column block at a time, a lane 4 columns.
+// weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
+// n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
+// is 128 S bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each
+// block's factor 2^(E + 5) (k / 128 floats). A warp takes STAGE_BLOCKS 128-column blocks at a
+// time, 8 lanes a block and a lane a chunk: a block's largest |x| in 3 shuffles and a digit's 16
+// bytes in one store. (A warp a block and a lane 4 columns took ~1200 cycles a round of 16 warps,
+// 5 dependent shuffles and 16 bank-conflicted stores a block; tools/stage_round_bench.cu.) A tile
+// task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
   const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S;
-  const int warp = ct >> 5, lane = ct & 31;
+  const int warp = ct >> 5, lane = ct & 31, c = lane % 8;  // c: the lane's chunk of its block
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
   float* __restrict__ factor = s.vec + k;
   float ss = 0.f;
-  for (int blk = warp; blk < blocks; blk += COMPUTE_WARPS) {
-    const int i = blk * (FP8_BLOCK_COLS / 4) + lane;
-    float4 a = in.at(i);
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-    if (norm) {
-      const float4 g = __ldcg(gamma + i);
-      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
-    }
-    const int E = block_exponent(warp_max(fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)))));
-    uint32_t words[TILE_DIGITS];
-    digit_words(a, E, words);
-    // the lane's 4 columns: segment j, its chunk of 16 columns (a store's 8 chunks share banks:
-    // 8 wavefronts, a few cycles against the L2 round trip of the load; choosing each lane's
-    // digit by its chunk to spread them compiled to branches)
-    // (a piece's columns: its own block of digits, as if the task's whole input)
-    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (FP8_BLOCK_COLS / 16) + lane / 4;
-    uint8_t* at = b + blk / per_piece * TILE_DIGITS * kp + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j +
-                  4 * (lane & 3);
+  for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
+    const int blk = first + lane / 8, i = blk * (FP8_BLOCK_COLS / 4) + 4 * c;
+    float4 a[4];
+    float m = 0.f;
 #pragma unroll
-    for (int n = 0; n < TILE_DIGITS; ++n) *reinterpret_cast<uint32_t*>(at + 16 * n) = words[n];
-    if (lane == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
+    for (int q = 0; q < 4; ++q) {
+      a[q] = in.at(i + q);
+      ss += a[q].x * a[q].x + a[q].y * a[q].y + a[q].z * a[q].z + a[q].w * a[q].w;
+      if (norm) {
+        const float4 g = __ldcg(gamma + i + q);
+        a[q].x *= g.x; a[q].y *= g.y; a[q].z *= g.z; a[q].w *= g.w;
+      }
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[q].x), fabsf(a[q].y)), fmaxf(fabsf(a[q].z), fabsf(a[q].w))));
+    }
+#pragma unroll
+    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const int E = block_exponent(m);
+    FixedColumns f[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) f[q] = fixed_columns(a[q], E);
+    // (a piece's columns: its own block of digits, as if the task's whole input)
+    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (FP8_BLOCK_COLS / 16) + c;
+    uint8_t* at = b + blk / per_piece * TILE_DIGITS * kp + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j;
+    // the lanes' chunks are 64 S bytes apart, in the same banks: lane c stores digit c + r in
+    // its r-th store, so that a store spreads over 4 digits' banks (8 wavefronts, not 32)
+#pragma unroll
+    for (int r = 0; r < TILE_DIGITS; ++r) {
+      const int n = (c + r) % TILE_DIGITS;
+      *reinterpret_cast<uint4*>(at + 16 * n) =
+          make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
+    }
+    if (c == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
