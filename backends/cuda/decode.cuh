@@ -1209,23 +1209,35 @@ struct TaskInput {
   const float4* shared;  // a down task's inputs from 4 routed4 on
   int routed4;
 #endif
-  // inputs 4 i .. 4 i + 3
-  __device__ __forceinline__ float4 at(int i) const {
+#if MOE
+  // the combine weight of a down task's inputs 4 i .. 4 i + 3: their slot's (the shared expert's: 1)
+  __device__ __forceinline__ float weight(int i) const {
+#if MOE_SHARED_K
+    if (i >= routed4) return 1.f;
+#endif
+    return __ldcg(combine + 4 * i / slot_floats);
+  }
+#endif
+  // inputs 4 i .. 4 i + 3, a down task's without their combine weight
+  __device__ __forceinline__ float4 unweighted(int i) const {
 #if FFN_SPLIT_K
     if (fixed) return fixed4(reinterpret_cast<const float*>(x), i);
 #endif
-#if MOE
-    if (combine) {
 #if MOE_SHARED_K
-      if (i >= routed4) return __ldcg(shared + (i - routed4));
-#endif
-      float4 a = __ldcg(x + i);
-      const float c = __ldcg(combine + 4 * i / slot_floats);
-      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
-      return a;
-    }
+    if (combine && i >= routed4) return __ldcg(shared + (i - routed4));
 #endif
     return __ldcg(x + i);
+  }
+  // inputs 4 i .. 4 i + 3
+  __device__ __forceinline__ float4 at(int i) const {
+    float4 a = unweighted(i);
+#if MOE
+    if (combine) {
+      const float c = weight(i);
+      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
+    }
+#endif
+    return a;
   }
 };
 __device__ __forceinline__ TaskInput task_input(const Params& p, const int* t) {
@@ -1346,9 +1358,9 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
 // weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
 // n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
 // is 128 S bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each
-// block's factor 2^(E + 5) (k / 128 floats). A warp takes STAGE_BLOCKS 128-column blocks at a
-// time, 8 lanes a block and a lane a chunk: a block's largest |x| in 3 shuffles and a digit's 16
-// bytes in one store. (A warp a block and a lane 4 columns took ~1200 cycles a round of 16 warps,
+// block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A warp
+// takes STAGE_BLOCKS 128-column blocks at a time, 8 lanes a block and a lane a chunk: a block's
+// largest |x| in 3 shuffles and a digit's 16 bytes in one store. (A warp a block and a lane 4 columns took ~1200 cycles a round of 16 warps,
 // 5 dependent shuffles and 16 bank-conflicted stores a block; tools/stage_round_bench.cu.) A tile
 // task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
 constexpr int STAGE_BLOCKS = 4;
@@ -1368,7 +1380,7 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     float m = 0.f;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      a[q] = in.at(i + q);
+      a[q] = in.unweighted(i + q);
       ss += a[q].x * a[q].x + a[q].y * a[q].y + a[q].z * a[q].z + a[q].w * a[q].w;
       if (norm) {
         const float4 g = __ldcg(gamma + i + q);
@@ -1393,7 +1405,11 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
       *reinterpret_cast<uint4*>(at + 16 * n) =
           make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
     }
+#if MOE  // a down task's combine weight: its piece's factors carry it (one load a block, not 4 a lane)
+    if (c == 0) factor[blk] = (in.combine ? in.weight(i) : 1.f) * __int_as_float((127 + E + 5) << 23);
+#else
     if (c == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
+#endif
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
