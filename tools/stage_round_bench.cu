@@ -1,4 +1,4 @@
-// What one round of decode.cuh's stage_digits costs, and which part of it: staging an FP8 tile
+// What one round of decode.cuh's stage_digits cost, and which part of it: staging an FP8 tile
 // task's input as digits took ~0.75 us per round of 16 warps in the kernel (DeepSeek-V3.2 o_proj:
 // 8 rounds, ~6.4 us) whether or not it loaded its input (session 21, docs/performance.md), far
 // more than its instructions and shared-memory wavefronts suggest. Every SM stages an input of
@@ -6,10 +6,10 @@
 // that never completes, as the kernel's loader does while the ring is full), each variant
 // leaving out one part of the round:
 //
-//   base       the round as in decode.cuh: x from global memory (L2), the block's largest |x|
-//              by 5 shuffles, the block's piece / segment / 16-column chunk by run-time
-//              divisions, the four digit words, 4 stores of 4 bytes (8-way bank conflicts) and
-//              the block's factor
+//   base       the round as decode.cuh had it until session 22: a warp a block, a lane 4
+//              columns; x from global memory (L2), the block's largest |x| by 5 shuffles, the
+//              block's piece / segment / 16-column chunk by run-time divisions, the four digit
+//              words, 4 stores of 4 bytes (8-way bank conflicts) and the block's factor
 //   noload     x made from the lane and round instead of loaded
 //   nodiv      piece / segment / chunk advanced without dividing (branch divfree-staging)
 //   noshfl     each lane's own largest |x| instead of the block's (wrong digits: timing only)
@@ -19,8 +19,8 @@
 //              columns (3 shuffles a block, one 16-byte store a digit, the stores' digits
 //              rotated by lane against bank conflicts)
 //
-// base, nodiv and chunks must give the same digits (checked: a checksum of the staged bytes). Build and
-// run (on an H200):
+// base, nodiv and chunks must give the same digits (checked: a checksum of the staged bytes).
+// Results: docs/performance.md, session 22. Build and run (on an H200):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o stage_round_bench tools/stage_round_bench.cu
 //   ./stage_round_bench
 #include <cuda_runtime.h>

@@ -1211,13 +1211,20 @@ struct TaskInput {
 #endif
 #if MOE
   // the combine weight of a down task's inputs 4 i .. 4 i + 3: their slot's (the shared expert's: 1)
-  __device__ __forceinline__ float weight(int i) const {
+  __device__ __forceinline__ float combine_weight(int i) const {
 #if MOE_SHARED_K
     if (i >= routed4) return 1.f;
 #endif
     return __ldcg(combine + 4 * i / slot_floats);
   }
 #endif
+  // what unweighted(i) is still to be multiplied by: a down task's combine weight, else 1
+  __device__ __forceinline__ float pending_weight(int i) const {
+#if MOE
+    if (combine) return combine_weight(i);
+#endif
+    return 1.f;
+  }
   // inputs 4 i .. 4 i + 3, a down task's without their combine weight
   __device__ __forceinline__ float4 unweighted(int i) const {
 #if FFN_SPLIT_K
@@ -1233,7 +1240,7 @@ struct TaskInput {
     float4 a = unweighted(i);
 #if MOE
     if (combine) {
-      const float c = weight(i);
+      const float c = combine_weight(i);
       a.x *= c; a.y *= c; a.z *= c; a.w *= c;
     }
 #endif
@@ -1360,9 +1367,10 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
 // is 128 S bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each
 // block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A warp
 // takes STAGE_BLOCKS 128-column blocks at a time, 8 lanes a block and a lane a chunk: a block's
-// largest |x| in 3 shuffles and a digit's 16 bytes in one store. (A warp a block and a lane 4 columns took ~1200 cycles a round of 16 warps,
-// 5 dependent shuffles and 16 bank-conflicted stores a block; tools/stage_round_bench.cu.) A tile
-// task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+// largest |x| in 3 shuffles and a digit's 16 bytes in one store. (A warp a block and a lane 4
+// columns took ~1200 cycles a round of 16 warps, 5 dependent shuffles and 16 bank-conflicted
+// stores a block; tools/stage_round_bench.cu.) A tile task's K (a piece's too) is a multiple of
+// 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
@@ -1405,11 +1413,8 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
       *reinterpret_cast<uint4*>(at + 16 * n) =
           make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
     }
-#if MOE  // a down task's combine weight: its piece's factors carry it (one load a block, not 4 a lane)
-    if (c == 0) factor[blk] = (in.combine ? in.weight(i) : 1.f) * __int_as_float((127 + E + 5) << 23);
-#else
-    if (c == 0) factor[blk] = __int_as_float((127 + E + 5) << 23);
-#endif
+    // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
+    if (c == 0) factor[blk] = in.pending_weight(i) * __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
