@@ -1,8 +1,9 @@
 """`tilertc explain`: the schedule's decisions per fused op, and what the cost model predicts.
 
-For every fused op: its tile, how many tasks and SMs it uses, how deep the weight pipeline is
-for it (ring pages per task), where each tensor it touches lives, the roles (warps per CTA,
-and under tensor parallelism how the op is split across ranks) and its predicted time. Then
+For every fused op: its tile (and whether its FP8 weights run on the tensor cores), how many
+tasks and SMs it uses, how deep the weight pipeline is for it (ring pages per task), where each
+tensor it touches lives, the roles (warps per CTA, and under tensor parallelism how the op is
+split across ranks) and its predicted time. Then
 the predicted per-token latency, tokens/s per user and the share of the bandwidth roofline,
 and every line of `Program.decisions`. Runs of identical layers fold into one row ×N, as in
 `tilertc inspect --summary`.
@@ -25,6 +26,7 @@ from tilertc.passes.cost import op_times_ns, roofline_ns, step_ns
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program
 from tilertc.passes.sharding import ends_in_allreduce
+from tilertc.passes.tiling import is_tiled
 
 
 @dataclass
@@ -109,7 +111,12 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("s" if n != 1 else "")
 
 
-def _tile_text(op) -> str:
+def _tile_text(program: Program, op) -> str:
+    """The op's tile, and ", FP8 tiles" where its weights run on the tensor cores."""
+    return _tile_shape(op) + (", FP8 tiles" if is_tiled(program, op) else "")
+
+
+def _tile_shape(op) -> str:
     tile = op.attrs["tile"]
     if "busy" in tile:
         a = op.attrs
@@ -144,7 +151,7 @@ def explain_program(program: Program, fold: bool = True) -> Explanation:
         biggest = max(t.weight_bytes for t in tasks)
         tensors = dict.fromkeys(t for t in (*op.inputs, *op.outputs) if t in g.tensors)
         role = tp_role(program, op)
-        rows.append(OpRow(op.name, op.opcode, _tile_text(op), len(tasks),
+        rows.append(OpRow(op.name, op.opcode, _tile_text(program, op), len(tasks),
                           len({t.sm for t in tasks}), -(-biggest // cfg["page_bytes"]),
                           {t: residency(program, t) for t in tensors},
                           warps + (f"; {role}" if role else ""), times[op.name],

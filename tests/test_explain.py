@@ -51,6 +51,19 @@ def test_folding_is_only_a_view() -> None:
     assert folded.totals == flat.totals
 
 
+def test_the_tile_says_which_ops_run_on_the_tensor_cores() -> None:
+    """FP8 projections whose K tiles (and DeepSeek's routed experts) say "FP8 tiles"; MLA's
+    head rows, the bf16 router and a bf16 model's ops do not."""
+    tiles = {r.name: r.tile for r in explain(load_spec("deepseek-v3.2"), max_seq_len=1024).rows}
+    for name in ("layers.3-60.o_proj", "layers.3-60.moe.gate_up", "layers.3-60.moe.down_proj",
+                 "layers.0-2.ffn.down_proj"):
+        assert tiles[name].endswith(", FP8 tiles"), (name, tiles[name])
+    for name in ("layers.3-60.q_absorb", "layers.3-60.v_expand", "layers.3-60.moe.router"):
+        assert "FP8 tiles" not in tiles[name], (name, tiles[name])
+    bf16 = explain_program(schedule(load_spec("llama-tiny"))).rows
+    assert not any("FP8 tiles" in r.tile for r in bf16)
+
+
 def test_tensor_parallel_roles_and_all_reduces() -> None:
     # FP8 weights are scheduled at --tp 1 only: explain the bf16 variant.
     ex = explain(load_spec("deepseek-v3.2", {"quantization_config": None}), tp=8, max_seq_len=1024)
