@@ -7,9 +7,9 @@ DESIGN.md). The boundary covers an SM's first task of an op; each further task o
 that SM adds its own fixed cost (`TASK_NS`: staging its input, its epilogue and signal), so an
 op cut into more tasks than SMs costs more than its bytes say. An FP8 tile op's boundary is
 longer by its input's staging as digits (`DIGIT_ROUND_NS` per round of 128-column blocks its
-compute warps take, each warp a block at a time). FP8 rows on the CUDA cores stream slower than
-their bytes where their measured page compute is slower than a page's arrival (dense rows;
-routed down rows, whose pieces cost the most). An op takes as long as its
+compute warps take, each warp `STAGE_BLOCKS` at a time). FP8 rows on the CUDA cores stream
+slower than their bytes where their measured page compute is slower than a page's arrival
+(dense rows; routed down rows, whose pieces cost the most). An op takes as long as its
 slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
 it. Chunked attention is charged what the H200
 measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
@@ -40,10 +40,13 @@ ATTENTION_KV_BYTES_PER_S_PER_SM = 16e9
 # 8 tasks of ~47 KB per SM per layer, took 3.78 us per task (dependencies met to done) where
 # its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
 TASK_NS = 2400.0
-# llama-3.1-8b FP8 on the H200, 2026-12-01 (docs/performance.md, session 18): staging an FP8
-# tile task's input as digits took ~0.45 us per round of blocks longer than a bf16 task's copy
-# of the same input (qkv, o and gate/up, 2 rounds: +0.8-1.0 us; down, 7 rounds: +3.1 us).
-DIGIT_ROUND_NS = 450.0
+# Staging an FP8 tile task's input as digits (decode.cuh: stage_digits, a warp STAGE_BLOCKS
+# blocks at a time): on the H200 (docs/performance.md, sessions 18 and 22) it took ~0.9 us
+# longer than a bf16 task's copy for llama-3.1-8b's K = 4096 (one round) and 1.0-1.8 us more
+# for each further round (llama-3.1-8b's down, K = 14336, against its o_proj; DeepSeek-V3.2's
+# o_proj and dense down when the rounds went from 8 and 9 of a block a warp to 2 and 3).
+STAGE_BLOCKS = 4
+DIGIT_ROUND_NS = 1000.0
 # The same model's dense FP8 projections as rows on the CUDA cores (`--tune fp8_mma=0`): a
 # gate/up task streamed 27 KB/us where a bf16 one streams 33, the SM's share (session 17),
 # its pages' dot product (~2 us a page) slower than they arrive.
@@ -102,7 +105,7 @@ def digit_staging_ns(program: Program, op: Op) -> float:
     if not is_tiled(program, op):
         return 0.0
     blocks = op.attrs["K"] // TILE_BLOCK_COLS
-    return DIGIT_ROUND_NS * -(-blocks // program.config["compute_warps"])
+    return DIGIT_ROUND_NS * -(-blocks // (STAGE_BLOCKS * program.config["compute_warps"]))
 
 
 def op_times_ns(program: Program) -> dict[str, float]:
