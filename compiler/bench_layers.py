@@ -16,8 +16,11 @@ The projection scales each measured part to one rank of tensor parallelism 8 by 
 passes' tp-8 sharding leaves a rank (the cost model's programs, `passes/sharding.py`): a part's
 fixed costs (the cost model's op boundaries and attention chain, which do not shrink with the
 bytes) stay, the rest of its measured time scales with its bytes, and each all-reduce adds an
-assumed latency (`ALLREDUCE_US`). docs/performance.md, "Per layer", says the same with the
-sources of the assumed latency and of TileRT's published figures.
+assumed latency (`ALLREDUCE_US`). Beside it, a bound: the same with all of a part's measured
+time above its roofline taken as fixed (the cost model's fixed costs are well below what the
+profiles show, e.g. MLA's attention chain, so the projection leans optimistic and the truth
+lies between the two). docs/performance.md, "Per layer", says the same with the sources of the
+assumed latency and of TileRT's published figures.
 """
 
 from __future__ import annotations
@@ -302,6 +305,15 @@ def scaled_ms(measured_ms: float, at1: ShardCost, atp: ShardCost, allreduce_us: 
             + atp.allreduces * allreduce_us / 1e3)
 
 
+def excess_fixed_ms(measured_ms: float, roofline_ms: float, at1: ShardCost, atp: ShardCost,
+                    allreduce_us: float) -> float:
+    """A part at tp if all of its measured time above its roofline (its bytes at the measured
+    ceiling) is fixed: that excess, plus its roofline scaled by the bytes a rank reads, plus the
+    all-reduces. A bound on `scaled_ms`: none of the excess shrinks with the bytes."""
+    return (max(measured_ms - roofline_ms, 0.0) + roofline_ms * atp.bytes / at1.bytes
+            + atp.allreduces * allreduce_us / 1e3)
+
+
 @dataclass(frozen=True)
 class ProjectedPart:
     name: str
@@ -311,6 +323,9 @@ class ProjectedPart:
     bytes_rank: float
     allreduces: float  # per part, at tp
     projected_ms: float
+    excess_fixed_ms: float  # the bound: the measured excess over the roofline all fixed
+    # (never below projected_ms: where the cost model's fixed costs exceed the measured excess,
+    # the projection is the bound)
 
 
 @dataclass(frozen=True)
@@ -327,12 +342,19 @@ class Projection:
     def total_ms(self) -> float:
         return sum(p.count * p.projected_ms for p in self.parts)
 
+    @property
+    def excess_fixed_total_ms(self) -> float:
+        return sum(p.count * p.excess_fixed_ms for p in self.parts)
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": "projection, not a measurement", "tp": self.tp,
                 "allreduce_us": self.allreduce_us,
                 "allreduce_us_is": "an assumption (docs/performance.md, Per layer)",
                 "parts": [asdict(p) for p in self.parts], "total_ms": self.total_ms,
                 "tokens_per_s": 1e3 / self.total_ms,
+                "excess_fixed_total_ms": self.excess_fixed_total_ms,
+                "excess_fixed_is": "a bound: each part's measured time above its roofline "
+                                   "taken as fixed at tp, none of it shrinking with the bytes",
                 "published": [{**asdict(p), "ms_per_token": p.ms_per_token}
                               for p in self.published]}
 
@@ -353,18 +375,27 @@ def project(timings: list[LayerTiming], costs: dict[str, KindCosts], allreduce_u
             model: str, tp: int = PROJECTED_TP) -> Projection:
     """The whole model at tp: the rest (measured as T(1) - one layer, averaged over the kinds)
     plus every layer of each kind, each part scaled by `scaled_ms`."""
-    rest = [(t.base_ms - t.ms, costs[t.kind]) for t in timings]
+    rest = [(t.base_ms - t.ms, costs[t.kind], t.ceiling_bytes_per_s) for t in timings]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
     parts = [ProjectedPart(
-        "embedding, lm_head, sampling", 1, sum(ms for ms, _ in rest) / len(rest),
-        sum(c.rest_tp1.bytes for _, c in rest) / len(rest),
-        sum(c.rest_tp.bytes for _, c in rest) / len(rest),
-        sum(c.rest_tp.allreduces for _, c in rest) / len(rest),
-        sum(scaled_ms(ms, c.rest_tp1, c.rest_tp, allreduce_us) for ms, c in rest) / len(rest))]
+        "embedding, lm_head, sampling", 1, mean([ms for ms, _, _ in rest]),
+        mean([c.rest_tp1.bytes for _, c, _ in rest]), mean([c.rest_tp.bytes for _, c, _ in rest]),
+        mean([c.rest_tp.allreduces for _, c, _ in rest]),
+        mean([scaled_ms(ms, c.rest_tp1, c.rest_tp, allreduce_us) for ms, c, _ in rest]),
+        mean([max(excess_fixed_ms(ms, c.rest_tp1.bytes / ceiling * 1e3, c.rest_tp1, c.rest_tp,
+                                  allreduce_us), scaled_ms(ms, c.rest_tp1, c.rest_tp, allreduce_us))
+              for ms, c, ceiling in rest]))]
     for t in timings:
         c = costs[t.kind]
-        parts.append(ProjectedPart(f"{t.kind} layer", t.count, t.ms, c.layer_tp1.bytes,
-                                   c.layer_tp.bytes, c.layer_tp.allreduces,
-                                   scaled_ms(t.ms, c.layer_tp1, c.layer_tp, allreduce_us)))
+        projected = scaled_ms(t.ms, c.layer_tp1, c.layer_tp, allreduce_us)
+        parts.append(ProjectedPart(
+            f"{t.kind} layer", t.count, t.ms, c.layer_tp1.bytes, c.layer_tp.bytes,
+            c.layer_tp.allreduces, projected,
+            max(excess_fixed_ms(t.ms, t.roofline_ms, c.layer_tp1, c.layer_tp, allreduce_us),
+                projected)))
     return Projection(tp, allreduce_us, parts, [p for p in PUBLISHED if p.model == model])
 
 
@@ -438,21 +469,26 @@ def print_projection(p: Projection, model: str, console: Console) -> None:
     table = Table(title=f"PROJECTION, not a measurement: {model} per token on {p.tp} GPUs "
                         f"(tp {p.tp}), from the layers above", title_justify="left")
     for name in ("part", "count", "measured ms (1 GPU)", "bytes (1 GPU)", "bytes per rank",
-                 "all-reduces", "projected ms"):
+                 "all-reduces", "projected ms", "if the excess is fixed"):
         table.add_column(name, justify="left" if name == "part" else "right")
     for part in p.parts:
         table.add_row(part.name, str(part.count), f"{part.measured_ms:.4f}",
                       human_bytes(part.bytes_tp1), human_bytes(part.bytes_rank),
-                      f"{part.allreduces:g}", f"{part.projected_ms:.4f}")
+                      f"{part.allreduces:g}", f"{part.projected_ms:.4f}",
+                      f"{part.excess_fixed_ms:.4f}")
+    bound = p.excess_fixed_total_ms
     table.add_row("projected total", "", "", "", "", "",
-                  f"{p.total_ms:.3f} ({1e3 / p.total_ms:.0f} tokens/s)", style="bold")
+                  f"{p.total_ms:.3f} ({1e3 / p.total_ms:.0f} tokens/s)",
+                  f"{bound:.3f} ({1e3 / bound:.0f} tokens/s)", style="bold")
     for pub in p.published:
         table.add_row(f"published: {pub.what}", "", "", "", "", "",
-                      f"{pub.ms_per_token:.3f} ({pub.tokens_per_s:.0f} tokens/s)", style="dim")
+                      f"{pub.ms_per_token:.3f} ({pub.tokens_per_s:.0f} tokens/s)", "", style="dim")
     console.print(table)
     console.print(f"projection: each all-reduce an assumed {p.allreduce_us:g} µs "
                   "(--allreduce-us); fixed costs per op from the cost model, the rest of each "
-                  "part's measured time scaled by the bytes one rank reads", highlight=False)
+                  "part's measured time scaled by the bytes one rank reads; 'if the excess is "
+                  "fixed': a bound, all of a part's measured time above its roofline fixed",
+                  highlight=False)
     if not p.published:
         console.print("TileRT's published figures: not found for this model", highlight=False)
     for pub in p.published:

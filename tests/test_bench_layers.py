@@ -237,9 +237,26 @@ def test_projection_on_planted_timings() -> None:
     assert moe.count == 58 and moe.projected_ms == pytest.approx(0.03 + 0.47 / 6 + 0.02)
     assert p.total_ms == pytest.approx(rest.projected_ms + 3 * dense.projected_ms
                                        + 58 * moe.projected_ms)
+    # the bound: each part's time above its roofline (bytes at 4 TB/s) stays; the roofline
+    # scales with the bytes a rank reads. dense: 0.4 ms over a 0.25 ms roofline, 1/6 of the
+    # bytes per rank; moe: 0.5 over 0.3; the rest: 0.2 and 0.3 over 0.1, half the bytes.
+    assert dense.excess_fixed_ms == pytest.approx(0.15 + 0.25 / 6 + 0.02)
+    assert moe.excess_fixed_ms == pytest.approx(0.2 + 0.3 / 6 + 0.02)
+    assert rest.excess_fixed_ms == pytest.approx(((0.1 + 0.05 + 0.01) + (0.2 + 0.05 + 0.01)) / 2)
+    assert p.excess_fixed_total_ms == pytest.approx(
+        rest.excess_fixed_ms + 3 * dense.excess_fixed_ms + 58 * moe.excess_fixed_ms)
+    assert all(part.excess_fixed_ms >= part.projected_ms for part in p.parts)
+    # where the cost model's fixed time exceeds the measured excess, the projection is the bound
+    timings = [LayerTiming("dense", 3, 4, 0.26, 0.4, 1e9, 0, 4e12, 0.3)]
+    cost = KindCosts(layer_tp1=ShardCost(1e9, 30_000, 0), layer_tp=ShardCost(2e8, 30_000, 2),
+                     rest_tp1=ShardCost(4e8, 9_000, 0), rest_tp=ShardCost(2e8, 9_000, 1))
+    tight_rest, tight = project(timings, {"dense": cost}, 10.0, "deepseek-v3.2").parts
+    assert tight.excess_fixed_ms == pytest.approx(tight.projected_ms)  # 0.01 excess < 0.03 fixed
+    assert tight_rest.excess_fixed_ms >= tight_rest.projected_ms
     d = p.to_dict()
     assert d["label"] == "projection, not a measurement" and d["tp"] == 8
     assert d["tokens_per_s"] == pytest.approx(1e3 / p.total_ms)
+    assert d["excess_fixed_total_ms"] == pytest.approx(p.excess_fixed_total_ms)
     assert [x["model"] for x in d["published"]] == ["deepseek-v3.2"]
     assert {x["model"] for x in planted_projection("glm-5").to_dict()["published"]} == {"glm-5"}
     assert planted_projection("llama-3.2-1b").published == []
@@ -369,6 +386,8 @@ def test_report_says_projection(planted_gpu, tmp_path: Path) -> None:
     bl.print_projection(planted_projection(), "deepseek-v3.2", console)
     text = console.export_text()
     assert "PROJECTION, not a measurement" in text and "assumed 10 µs" in text
+    bound = planted_projection().excess_fixed_total_ms
+    assert "if the excess is fixed" in text and f"{bound:.3f}" in text
     assert "TileRT v0.1.1, DeepSeek-V3.2-Exp, 8x B200" in text and "perf.png" in text
     console = Console(width=200, record=True)
     bl.print_projection(planted_projection("llama-3.2-1b"), "llama-3.2-1b", console)
