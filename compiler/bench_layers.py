@@ -286,13 +286,12 @@ class ShardCost:
 def shard_cost(spec: ModelSpec, tp: int, kv_context: int) -> ShardCost:
     """One rank's `ShardCost` of `spec` under the passes' tp sharding, KV read at kv_context."""
     from tilertc import schedule
-    from tilertc.passes.cost import ATTENTION_CHAIN_NS, BOUNDARY_NS
+    from tilertc.passes.cost import BOUNDARY_NS, chain_ns
 
     program = schedule(spec, "h200", tp, kv_context)
     ops = program.graph.ops()
     return ShardCost(sum(t.weight_bytes + t.other_bytes for t in program.tasks),
-                     BOUNDARY_NS * len(ops)
-                     + ATTENTION_CHAIN_NS * sum(op.opcode == "attention" for op in ops),
+                     sum(BOUNDARY_NS + chain_ns(op) for op in ops),
                      len(program.config["sharding"]["allreduce_after"]))
 
 

@@ -13,7 +13,8 @@ slower than their bytes where their measured page compute is slower than a page'
 slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
 it. Chunked attention is charged what the H200
 measured rather than its bytes (docs/performance.md): a chain of dependent global round trips
-per layer, and keys and values read at the rate its loads in flight allow. That part is for the
+per layer (MLA's: its q absorption, attention and value expansion together), and keys and
+values read at the rate its loads in flight allow. That part is for the
 prediction only: the scheduler balances SMs by `task_ns`, where every attention task of an op
 costs the same anyway. Under tensor parallelism an op whose output is a
 partial sum adds one all-reduce: the link's fixed latency plus a ring's 2(tp - 1)/tp of the
@@ -36,6 +37,11 @@ BOUNDARY_NS = 3000.0
 # layer, 16 KB/us per SM (with plain loads it had cost 15.3 us).
 ATTENTION_CHAIN_NS = 8000.0
 ATTENTION_KV_BYTES_PER_S_PER_SM = 16e9
+# MLA's chain (q absorption, attention, value expansion; each a latency chain of small tasks):
+# DeepSeek-V3.2's dense layer on the H200, 2026-12-01 (docs/performance.md, session 22,
+# profile): those ops spanned 13.1 + 16.4 + 12.6 us where their bytes and boundaries are
+# charged 5.9 + 7.4 + 5.0. Charged once per layer, on the attention op.
+MLA_CHAIN_NS = 24000.0
 # Qwen3-30B-A3B on the H200, 2026-11-30 (docs/performance.md, "Issue 6"): the routed gate/up,
 # 8 tasks of ~47 KB per SM per layer, took 3.78 us per task (dependencies met to done) where
 # its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
@@ -59,6 +65,12 @@ ROUTED_DOWN_FP8_STREAM_SHARE = 0.55
 # (profile) for bytes that take none. Charged so that the scheduler sees its SM busy and gives
 # the routed experts, which wait for it, the other SMs.
 MOE_TOPK_NS = 7000.0
+
+
+def chain_ns(op: Op) -> float:
+    """What an attention op costs beyond its bytes and boundary (the chain of dependent round
+    trips that does not shrink with the bytes, under tensor parallelism either); 0 for others."""
+    return {"attention": ATTENTION_CHAIN_NS, "mla_attention": MLA_CHAIN_NS}.get(op.opcode, 0.0)
 
 
 def task_ns(program: Program, task: Task) -> float:
@@ -119,7 +131,7 @@ def op_times_ns(program: Program) -> dict[str, float]:
         sms[t.sm] = sms[t.sm] + task_fixed_ns(program, t) if t.sm in sms else 0.0
         sms[t.sm] += predicted_task_ns(program, t)
     return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
-            + (ATTENTION_CHAIN_NS if op.opcode == "attention" else 0.0)
+            + chain_ns(op)
             + digit_staging_ns(program, op)
             for op in program.graph.ops()}
 

@@ -36,7 +36,7 @@ from tilertc.bench_report import BenchReport, Prediction, Timing, make_point, to
 from tilertc.cli import main
 from tilertc.ir.build import build_graph
 from tilertc.model_specs.hf import with_weight_dtype
-from tilertc.passes.cost import ATTENTION_CHAIN_NS, BOUNDARY_NS
+from tilertc.passes.cost import ATTENTION_CHAIN_NS, BOUNDARY_NS, MLA_CHAIN_NS
 
 
 def cli(*args: str) -> Result:
@@ -206,6 +206,10 @@ def test_shard_cost_counts_bytes_ops_and_allreduces() -> None:
     assert one.fixed_ns == BOUNDARY_NS * len(ops) + ATTENTION_CHAIN_NS * spec.num_layers
     assert one.allreduces == 0 and two.allreduces == 2 * spec.num_layers
     assert two.bytes < one.bytes
+    mla = load_spec("deepseek-v3-tiny")  # MLA: its chain once per layer
+    ops = schedule(mla, "h200", 1, 80).graph.ops()
+    assert shard_cost(mla, 1, 80).fixed_ns == pytest.approx(
+        BOUNDARY_NS * len(ops) + MLA_CHAIN_NS * mla.num_layers)
     diff = ShardCost(10.0, 7.0, 3.0).minus(ShardCost(4.0, 1.0, 1.0), 2)
     assert diff == ShardCost(3.0, 3.0, 1.0)
 

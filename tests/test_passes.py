@@ -24,6 +24,7 @@ from tilertc.passes.cost import (
     BOUNDARY_NS,
     DIGIT_ROUND_NS,
     FP8_ROW_STREAM_SHARE,
+    MLA_CHAIN_NS,
     ROUTED_DOWN_FP8_STREAM_SHARE,
     TASK_NS,
     op_times_ns,
@@ -383,6 +384,21 @@ def test_cost_charges_routed_fp8_down_rows_their_measured_rate() -> None:
     for program, share in ((rows, ROUTED_DOWN_FP8_STREAM_SHARE), (tiles, 1.0), (bf16, 1.0)):
         down = program.tasks_of("layers.0.moe.down_proj")[0]
         assert predicted_task_ns(program, down) == pytest.approx(down.est_ns / share)
+
+
+def test_cost_charges_mla_its_measured_chain_once_per_layer() -> None:
+    """An MLA attention op costs its bytes, a boundary and MLA_CHAIN_NS (the q absorption and
+    value expansion around it keep the bandwidth model); other ops no chain."""
+    program = schedule(load_spec("deepseek-v3.2", overrides={"num_hidden_layers": 1}),
+                       max_seq_len=1024)
+    times = op_times_ns(program)
+    attn = program.graph.op("layers.0.attention")
+    assert attn.opcode == "mla_attention"
+    by_sm: dict[int, float] = {}
+    for t in program.tasks_of(attn.name):
+        by_sm[t.sm] = by_sm.get(t.sm, 0.0) + predicted_task_ns(program, t)
+    assert times[attn.name] == pytest.approx(max(by_sm.values()) + BOUNDARY_NS + MLA_CHAIN_NS)
+    assert times["layers.0.v_expand"] < MLA_CHAIN_NS
 
 
 def test_cost_adds_an_all_reduce_under_tensor_parallelism() -> None:
