@@ -1,0 +1,51 @@
+"""Build a one-layer model of a layer kind, for kernel experiments without a GPU:
+
+    python tools/one_layer.py MODEL KIND OUT [--weight-dtype fp8|bf16] [--tune KNOB=N ...]
+
+KIND is `dense` or `moe`. The artifact is the model's config with one layer of that kind, the
+vocabulary shrunk, as `tilertc bench --per-layer` times it (`bench_layers.kind_overrides`), and
+room for 2048 positions (a 1k context and its tokens). Two such builds (one from a branch, one
+from main, or one made by `tools/kernel_variant.py`) compare on a GPU machine in one call:
+
+    tilertc bench OLD --artifact NEW --systems tilertc --context 1024 --gen 64 --rounds 3
+
+and `tools/stream_probe.py build` makes their page-by-page probes. docs/performance.md's
+sessions 20-22 one-layer figures were measured this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import tilertc
+from tilertc.bench import parse_tuning
+from tilertc.bench_layers import kind_overrides, layer_kinds
+from tilertc.driver import TUNING_KNOBS, CompileOptions, compile
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a built-in name or a config.json")
+    ap.add_argument("kind", choices=("dense", "moe"))
+    ap.add_argument("out", help="the artifact directory to write")
+    ap.add_argument("--weight-dtype", choices=("fp8", "bf16"), default=None,
+                    help="the weights' format [default: the config's own]")
+    ap.add_argument("--tune", action="append", default=[], metavar="KNOB=N",
+                    help=f"a schedule knob ({', '.join(TUNING_KNOBS)}), as `tilertc compile`")
+    ap.add_argument("--max-seq-len", type=int, default=2048)
+    args = ap.parse_args()
+    spec = tilertc.load_spec(args.model)
+    if args.kind not in layer_kinds(spec):
+        ap.error(f"{spec.name} has no {args.kind} layers (it has: {', '.join(layer_kinds(spec))})")
+    try:
+        tuning = dict(parse_tuning(tuple(args.tune)))
+    except ValueError as e:
+        ap.error(f"--tune: {e}")
+    variant = tilertc.load_spec(args.model, overrides=kind_overrides(spec, args.kind, 1))
+    compile(variant, args.out, CompileOptions(max_seq_len=args.max_seq_len,
+                                              weight_dtype=args.weight_dtype, **tuning))
+    print(f"{args.out}: {spec.name}, one {args.kind} layer")
+
+
+if __name__ == "__main__":
+    main()
