@@ -3,10 +3,9 @@
 For every fused op: its tile (and whether its FP8 weights run on the tensor cores), how many
 tasks and SMs it uses, how deep the weight pipeline is for it (ring pages per task), where each
 tensor it touches lives, the roles (warps per CTA, and under tensor parallelism how the op is
-split across ranks) and its predicted time. Then
-the predicted per-token latency, tokens/s per user and the share of the bandwidth roofline,
-and every line of `Program.decisions`. Runs of identical layers fold into one row ×N, as in
-`tilertc inspect --summary`.
+split across ranks) and its predicted time. Then the predicted per-token latency, tokens/s per
+user and the share of the bandwidth roofline, and every line of `Program.decisions`. Runs of
+identical layers fold into one row ×N, as in `tilertc inspect --summary`.
 """
 
 from __future__ import annotations

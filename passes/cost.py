@@ -47,10 +47,11 @@ MLA_CHAIN_NS = 24000.0
 # its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
 TASK_NS = 2400.0
 # Staging an FP8 tile task's input as digits (decode.cuh: stage_digits, a warp STAGE_BLOCKS
-# blocks at a time): on the H200 (docs/performance.md, sessions 18 and 22) it took ~0.9 us
-# longer than a bf16 task's copy for llama-3.1-8b's K = 4096 (one round) and 1.0-1.8 us more
-# for each further round (llama-3.1-8b's down, K = 14336, against its o_proj; DeepSeek-V3.2's
-# o_proj and dense down when the rounds went from 8 and 9 of a block a warp to 2 and 3).
+# blocks at a time), on the H200 (docs/performance.md): 0.8-1.0 us longer than a bf16 task's
+# copy at llama-3.1-8b's K = 4096 (session 18, then 2 rounds of a block a warp; one round of 4
+# since session 22, which left that model's step time as it was), and 1.0-1.8 us for each
+# further round (session 22 stream probes: llama-3.1-8b's down, K = 14336, against its o_proj;
+# DeepSeek-V3.2's o_proj and dense down, 1.2-1.5 us faster at 2 and 3 rounds than at 8 and 9).
 STAGE_BLOCKS = 4
 DIGIT_ROUND_NS = 1000.0
 # The same model's dense FP8 projections as rows on the CUDA cores (`--tune fp8_mma=0`): a
