@@ -2299,6 +2299,18 @@ __device__ void publish_token(const Params& p, long long step, int tok) {
   if (stop) p.status[ST_STOP] = static_cast<int>(step + 1);
 }
 
+// The best of the lm_head tasks' (max, row) pairs (F_COUNT of them at F_IN), in thread 0: every
+// thread loads pairs at once (one round trip to L2, not one per task), then the CTA reduces.
+__device__ __forceinline__ void best_of_tasks(const Params& p, Shared& s, const int* t, int ct, float& best,
+                                              int& tok) {
+  const float* part = p.act + t[F_IN];
+  best = -INFINITY;
+  tok = 0x7fffffff;
+  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32)
+    keep_best(__ldcg(part + 2 * i), __float_as_int(__ldcg(part + 2 * i + 1)), best, tok);
+  cta_best(s, best, tok, ct);
+}
+
 // The sampler: greedy and temperature-only reduce the lm_head tasks' (max, row) pairs (of
 // logits or of Gumbel-max scores) in thread 0; top-k / top-p merge the tasks' candidates.
 __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long step, long long pos, int ct) {
@@ -2307,13 +2319,9 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
     if (ct == 0) publish_token(p, step, tok);
     return;
   }
-  // Every thread loads pairs at once (one round trip to L2, not one per task), then reduce.
-  const float* part = p.act + t[F_IN];
-  float best = -INFINITY;
-  int tok = 0x7fffffff;
-  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32)
-    keep_best(__ldcg(part + 2 * i), __float_as_int(__ldcg(part + 2 * i + 1)), best, tok);
-  cta_best(s, best, tok, ct);
+  float best;
+  int tok;
+  best_of_tasks(p, s, t, ct, best, tok);
   if (ct == 0) publish_token(p, step, tok);
 }
 
@@ -2323,12 +2331,9 @@ __device__ void run_argmax(const Params& p, Shared& s, const int* t, long long s
 // the best of the TP pairs in rank order (ties to the lower row, as over the whole vocabulary)
 // and stops if any rank saw the flag, so all ranks emit the same token and stop together.
 __device__ void argmax_publish(const Params& p, Shared& s, const int* t, int ct) {
-  const float* part = p.act + t[F_IN];
-  float best = -INFINITY;
-  int tok = 0x7fffffff;
-  for (int i = ct; i < t[F_COUNT]; i += COMPUTE_WARPS * 32)
-    keep_best(__ldcg(part + 2 * i), __float_as_int(__ldcg(part + 2 * i + 1)), best, tok);
-  cta_best(s, best, tok, ct);
+  float best;
+  int tok;
+  best_of_tasks(p, s, t, ct, best, tok);
   if (ct == 0) {
     const int row = tok == 0x7fffffff ? tok : tok + static_cast<int>(p.rank) * TP_VOCAB_ROWS;
     const float stop = *reinterpret_cast<volatile int*>(p.host_stop) != 0;
