@@ -380,7 +380,9 @@ def kernel_source() -> str:
         *k.prelude(),
         k.between("// ---- sampling", "// ---- compute: matrix-vector tasks"),
         *(k.definition(f"__device__ void {f}")
-          for f in ("cta_best", "write_best", "sample_lm_head", "publish_token", "run_argmax")),
+          for f in ("cta_best", "write_best", "sample_lm_head", "publish_token")),
+        k.definition("__device__ __forceinline__ void best_of_tasks"),
+        k.definition("__device__ void run_argmax"),
         k.between("#if MOE\n// ---- compute: the MoE router", "// ---- compute warps"),
     ])
 
