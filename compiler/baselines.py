@@ -257,6 +257,29 @@ def check_host_memory(spec: ModelSpec, weights: dict[str, torch.Tensor],
             f"of weights; {human_bytes(free)} is available")
 
 
+def dequantized_model(spec: ModelSpec, weights: dict[str, torch.Tensor],
+                      dtype: torch.dtype = torch.bfloat16
+                      ) -> tuple[ModelSpec, dict[str, torch.Tensor]]:
+    """The model an FP8 one dequantizes to: its config without the quantization_config, and
+    every FP8 weight times its block scales (`ir/fp8.py: dequantize`) in `dtype`, on the host
+    (the other weights as given). What the baselines run beside an FP8 kernel: the bf16
+    engines people run today, on the numbers the FP8 kernel computes with. A bf16 model comes
+    back as it is."""
+    from tilertc.ir.fp8 import dequantize
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    if not spec.weight_format.is_fp8:
+        return spec, weights
+    block = spec.weight_format.block
+    out = {}
+    for name, w in weights.items():
+        scale = weights.get(f"{name}_scale_inv")
+        if name.endswith("_scale_inv"):
+            continue
+        out[name] = w if scale is None else dequantize(w.cpu(), scale.cpu(), block).to(dtype)
+    return with_weight_dtype(spec, "bf16"), out
+
+
 def load_hf_model(spec: ModelSpec, weights: dict[str, torch.Tensor],
                   device: str | torch.device, dtype: torch.dtype,
                   experts_implementation: str | None = None) -> torch.nn.Module:
@@ -270,7 +293,7 @@ def load_hf_model(spec: ModelSpec, weights: dict[str, torch.Tensor],
     """
     if spec.weight_format.is_fp8:
         raise BaselineUnavailable("the Hugging Face baselines run bf16 weights; this model's "
-                                  "are FP8 (compare against the bf16 model instead)")
+                                  "are FP8 (dequantized_model gives the bf16 model)")
     try:
         from transformers import AutoConfig
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING

@@ -70,7 +70,7 @@ class KernelPerOpModel:
                              f"not {spec.model_type!r}")
         if spec.weight_format.is_fp8:
             raise ValueError("the kernel-per-op engine reads bf16 weights; this model's are "
-                             "FP8 (compare against the bf16 model instead)")
+                             "FP8 (baselines.dequantized_model gives the bf16 model)")
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.max_seq_len, self.ctx_bucket = max_seq_len, ctx_bucket
 

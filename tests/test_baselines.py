@@ -19,6 +19,7 @@ from tilertc.baselines import (
     HFStepModel,
     HostPeak,
     bandwidth_ceiling,
+    dequantized_model,
     greedy_decode,
     hf_cuda_graph,
     hf_eager,
@@ -249,6 +250,32 @@ def test_baselines_refuse_fp8_weights(baseline) -> None:
     spec, weights = model_and_weights("llama-tiny")
     with pytest.raises(BaselineUnavailable, match="FP8"):
         baseline(with_weight_dtype(spec, "fp8"), weights, PROMPT, 2, "cpu")
+
+
+@pytest.mark.parametrize(("name", "step_model"), [("llama-tiny", HFStepModel),
+                                                  ("qwen3-tiny", KernelPerOpModel),
+                                                  ("deepseek-v3-tiny", HFStepModel)])
+def test_the_dequantized_model_decodes_what_the_fp8_model_does(name: str, step_model: type) -> None:
+    """Beside an FP8 kernel the baselines run the model its weights dequantize to (its config
+    without quantization_config, each weight times its block scales): in float32 it picks the
+    interpreter's tokens of the FP8 model, with its logits."""
+    from tilertc.model_specs.hf import with_weight_dtype
+
+    spec = with_weight_dtype(load_spec(name), "fp8")
+    weights = random_weights(build_graph(spec, MAX_SEQ), seed=0, std=0.1)
+    assert any(w.dtype == torch.float8_e4m3fn for w in weights.values())
+    want_tokens, want_logits = reference_decode(spec, weights)
+    plain, dequantized = dequantized_model(spec, weights, torch.float32)
+    assert not plain.weight_format.is_fp8 and plain.hidden_size == spec.hidden_size
+    assert not any(k.endswith("_scale_inv") for k in dequantized)
+    assert all(w.dtype != torch.float8_e4m3fn for w in dequantized.values())
+    model = step_model(plain, dequantized, MAX_SEQ, "cpu", torch.float32)
+    with torch.no_grad():
+        got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
+    assert got.tokens == want_tokens
+    for got_step, want_step in zip(got.logits, want_logits, strict=True):
+        torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+    assert dequantized_model(plain, dequantized) == (plain, dequantized)  # bf16: as it is
 
 
 @pytest.mark.parametrize("baseline", [hf_eager, kernel_per_op])

@@ -572,6 +572,21 @@ def test_bench_end_to_end_on_gpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+def test_bench_sets_the_dequantized_bf16_baselines_beside_an_fp8_kernel(tmp_path: Path) -> None:
+    result = cli("bench", "llama-tiny", "--weight-dtype", "fp8", "--context", "64", "--gen", "32",
+                 "--systems", "tilertc,hf-eager,kernel-per-op", "--out", str(tmp_path))
+    assert result.exit_code == 0, result.output
+    d = json.loads((tmp_path / "bench.json").read_text())
+    assert d["gate"]["passed"] and d["weights"].startswith("random fp8")
+    (point,) = d["points"]
+    systems = {s["name"]: s for s in point["systems"]}
+    for name in ("hf-eager", "kernel-per-op"):
+        assert systems[name]["status"] == "ok", systems[name]
+        assert systems[name]["detail"].endswith("bf16, the FP8 weights dequantized")
+    assert set(systems["tilertc"]["speedup_vs"]) == {"hf-eager", "kernel-per-op"}
+
+
+@pytest.mark.gpu
 def test_bench_times_every_kernel_after_its_gate(tmp_path: Path) -> None:
     prebuilt = tmp_path / "prebuilt"
     assert cli("compile", "llama-tiny", "-o", str(prebuilt), "--max-seq-len", "128").exit_code == 0
