@@ -360,16 +360,18 @@ __device__ __forceinline__ int tile_units(const int* t) {
   const int k = tile_k(t);
   return k / tile_segments(k) / unit_cols(t);
 }
+// A piece's units over all the task's tiles (a gate/up task's rows have a gate and an up tile),
+// which stream one piece after another (copy_pieces).
+__device__ __forceinline__ int piece_units(const int* t) {
+  return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) *
+         tile_units(t);
+}
 #endif
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
-// FP8 tile task's units: per tile (a gate/up task's rows have a gate and an up tile) and piece,
-// k / S / C of a piece's k columns.
+// FP8 tile task's units, every piece's.
 __device__ __forceinline__ int stream_rows(const int* t) {
 #if FP8_MMA
-  if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) *
-           tile_pieces(t) * tile_units(t);
-  }
+  if (t[F_W_FORMAT] == WF_FP8_TILES) return tile_pieces(t) * piece_units(t);
 #endif
   return t[F_ROW1] - t[F_ROW0];
 }
@@ -470,7 +472,7 @@ __device__ void copy_pieces(uint8_t* page, const uint8_t* const (&piece)[MOE_PIE
                             uint64_t* bar) {
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    const int ub = t[F_ROW_BYTES], per_piece = stream_rows(t) / tile_pieces(t);
+    const int ub = t[F_ROW_BYTES], per_piece = piece_units(t);
     for (int i = 0; i < n;) {
       const int u = r + i, j = u / per_piece, run = min(n - i, per_piece - u % per_piece);
       const uint8_t* src = piece[MOE_TOP_K];  // the shared expert's, unless a slot's (indexed
@@ -1689,7 +1691,7 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
   const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg / C;
   const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS, per_piece = kp / FP8_BLOCK_COLS;
-  const int piece_units = pieces > 1 ? stream_rows(t) / pieces : 0;  // a piece's units of the task
+  const int units = pieces > 1 ? piece_units(t) : 0;  // a piece's units of the task
   const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
@@ -1709,8 +1711,8 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
     for (int i = wg; i < n; i += GROUP_WARPS / 4) {
       int piece = 0, pu = u0 + i;  // pu: the unit's index among its piece's
       if (pieces > 1) {
-        piece = pu / piece_units;
-        pu %= piece_units;
+        piece = pu / units;
+        pu %= units;
       }
       const int unit_tile = pu / per_tile, part = pu % per_tile;
       if (unit_tile != tile) {
