@@ -273,9 +273,9 @@ def dequantized_model(spec: ModelSpec, weights: dict[str, torch.Tensor],
     block = spec.weight_format.block
     out = {}
     for name, w in weights.items():
-        scale = weights.get(f"{name}_scale_inv")
         if name.endswith("_scale_inv"):
             continue
+        scale = weights.get(f"{name}_scale_inv")
         out[name] = w if scale is None else dequantize(w.cpu(), scale.cpu(), block).to(dtype)
     return with_weight_dtype(spec, "bf16"), out
 

@@ -308,9 +308,11 @@ def excess_fixed_ms(measured_ms: float, roofline_ms: float, at1: ShardCost, atp:
                     allreduce_us: float) -> float:
     """A part at tp if all of its measured time above its roofline (its bytes at the measured
     ceiling) is fixed: that excess, plus its roofline scaled by the bytes a rank reads, plus the
-    all-reduces. A bound on `scaled_ms`: none of the excess shrinks with the bytes."""
-    return (max(measured_ms - roofline_ms, 0.0) + roofline_ms * atp.bytes / at1.bytes
-            + atp.allreduces * allreduce_us / 1e3)
+    all-reduces. A bound on `scaled_ms`, never below it (where the cost model's fixed costs
+    exceed the measured excess, the projection is the bound)."""
+    bound = (max(measured_ms - roofline_ms, 0.0) + roofline_ms * atp.bytes / at1.bytes
+             + atp.allreduces * allreduce_us / 1e3)
+    return max(bound, scaled_ms(measured_ms, at1, atp, allreduce_us))
 
 
 @dataclass(frozen=True)
@@ -323,8 +325,6 @@ class ProjectedPart:
     allreduces: float  # per part, at tp
     projected_ms: float
     excess_fixed_ms: float  # the bound: the measured excess over the roofline all fixed
-    # (never below projected_ms: where the cost model's fixed costs exceed the measured excess,
-    # the projection is the bound)
 
 
 @dataclass(frozen=True)
@@ -384,17 +384,14 @@ def project(timings: list[LayerTiming], costs: dict[str, KindCosts], allreduce_u
         mean([c.rest_tp1.bytes for _, c, _ in rest]), mean([c.rest_tp.bytes for _, c, _ in rest]),
         mean([c.rest_tp.allreduces for _, c, _ in rest]),
         mean([scaled_ms(ms, c.rest_tp1, c.rest_tp, allreduce_us) for ms, c, _ in rest]),
-        mean([max(excess_fixed_ms(ms, c.rest_tp1.bytes / ceiling * 1e3, c.rest_tp1, c.rest_tp,
-                                  allreduce_us), scaled_ms(ms, c.rest_tp1, c.rest_tp, allreduce_us))
-              for ms, c, ceiling in rest]))]
+        mean([excess_fixed_ms(ms, c.rest_tp1.bytes / ceiling * 1e3, c.rest_tp1, c.rest_tp,
+                              allreduce_us) for ms, c, ceiling in rest]))]
     for t in timings:
         c = costs[t.kind]
-        projected = scaled_ms(t.ms, c.layer_tp1, c.layer_tp, allreduce_us)
         parts.append(ProjectedPart(
             f"{t.kind} layer", t.count, t.ms, c.layer_tp1.bytes, c.layer_tp.bytes,
-            c.layer_tp.allreduces, projected,
-            max(excess_fixed_ms(t.ms, t.roofline_ms, c.layer_tp1, c.layer_tp, allreduce_us),
-                projected)))
+            c.layer_tp.allreduces, scaled_ms(t.ms, c.layer_tp1, c.layer_tp, allreduce_us),
+            excess_fixed_ms(t.ms, t.roofline_ms, c.layer_tp1, c.layer_tp, allreduce_us)))
     return Projection(tp, allreduce_us, parts, [p for p in PUBLISHED if p.model == model])
 
 

@@ -52,17 +52,22 @@ def reference_decode(spec, weights) -> tuple[list[int], list[torch.Tensor]]:
     return tokens, logits
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
-@pytest.mark.parametrize("step_model", [HFStepModel, KernelPerOpModel])
-def test_step_models_match_reference(name: str, step_model: type) -> None:
-    spec, weights = model_and_weights(name)
-    want_tokens, want_logits = reference_decode(spec, weights)
-    model = step_model(spec, weights, MAX_SEQ, "cpu", torch.float32)
+def assert_decodes(model, want_tokens: list[int], want_logits: list[torch.Tensor]) -> None:
+    """A step model's greedy decode of PROMPT picks `want_tokens`, from logits within 1e-4."""
     with torch.no_grad():
         got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
     assert got.tokens == want_tokens
     for got_step, want_step in zip(got.logits, want_logits, strict=True):
         torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny"])
+@pytest.mark.parametrize("step_model", [HFStepModel, KernelPerOpModel])
+def test_step_models_match_reference(name: str, step_model: type) -> None:
+    spec, weights = model_and_weights(name)
+    want_tokens, want_logits = reference_decode(spec, weights)
+    assert_decodes(step_model(spec, weights, MAX_SEQ, "cpu", torch.float32), want_tokens,
+                   want_logits)
 
 
 @pytest.mark.parametrize("name", ["qwen3-moe-tiny", "deepseek-v3-tiny"])
@@ -73,13 +78,8 @@ def test_hf_step_model_runs_moe_checkpoints(name: str, experts: str | None) -> N
     baseline uses, the step decodes what the interpreter decodes."""
     spec, weights = model_and_weights(name)
     want_tokens, want_logits = reference_decode(spec, weights)
-    model = HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32,
-                        experts_implementation=experts)
-    with torch.no_grad():
-        got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
-    assert got.tokens == want_tokens
-    for got_step, want_step in zip(got.logits, want_logits, strict=True):
-        torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+    assert_decodes(HFStepModel(spec, weights, MAX_SEQ, "cpu", torch.float32,
+                               experts_implementation=experts), want_tokens, want_logits)
 
 
 @pytest.mark.parametrize(("name", "missing"), [
@@ -269,12 +269,8 @@ def test_the_dequantized_model_decodes_what_the_fp8_model_does(name: str, step_m
     assert not plain.weight_format.is_fp8 and plain.hidden_size == spec.hidden_size
     assert not any(k.endswith("_scale_inv") for k in dequantized)
     assert all(w.dtype != torch.float8_e4m3fn for w in dequantized.values())
-    model = step_model(plain, dequantized, MAX_SEQ, "cpu", torch.float32)
-    with torch.no_grad():
-        got = greedy_decode(model, PROMPT, STEPS, keep_logits=True)
-    assert got.tokens == want_tokens
-    for got_step, want_step in zip(got.logits, want_logits, strict=True):
-        torch.testing.assert_close(got_step, want_step, rtol=1e-4, atol=1e-4)
+    assert_decodes(step_model(plain, dequantized, MAX_SEQ, "cpu", torch.float32), want_tokens,
+                   want_logits)
     assert dequantized_model(plain, dequantized) == (plain, dequantized)  # bf16: as it is
 
 
