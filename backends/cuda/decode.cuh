@@ -1708,7 +1708,12 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
     float y[ROWS] = {};
     int tile = -1;
-    for (int i = wg; i < n; i += GROUP_WARPS / 4) {
+    // a warpgroup takes a run of the page's units, so that a tile's units (3 of 8 on a page of
+    // K = 1536 tiles) mostly go to one warpgroup: fewer flushes, and fewer warpgroups adding
+    // to the same rows at once
+    constexpr int WG = GROUP_WARPS / 4;
+    const int run = (n + WG - 1) / WG;
+    for (int i = wg * run; i < min(n, (wg + 1) * run); ++i) {
       int piece = 0, pu = u0 + i;  // pu: the unit's index among its piece's
       if (pieces > 1) {
         piece = pu / units;
