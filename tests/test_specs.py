@@ -32,6 +32,8 @@ PUBLISHED = {
                    "num_kv_heads": 8, "intermediate_size": 6144, "tie_word_embeddings": True},
     "qwen3-8b": {**QWEN3, "hidden_size": 4096, "num_layers": 36, "num_heads": 32,
                  "num_kv_heads": 8, "intermediate_size": 12288, "tie_word_embeddings": False},
+    "qwen3-32b": {**QWEN3, "hidden_size": 5120, "num_layers": 64, "num_heads": 64,
+                  "num_kv_heads": 8, "intermediate_size": 25600, "tie_word_embeddings": False},
     "qwen3-30b-a3b": {**QWEN3, "hidden_size": 2048, "num_layers": 48, "num_heads": 32,
                       "num_kv_heads": 4, "tie_word_embeddings": False, "moe.num_experts": 128,
                       "moe.experts_per_token": 8, "moe.moe_intermediate_size": 768,
