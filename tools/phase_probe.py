@@ -1,0 +1,148 @@
+"""Where one op's task time goes, phase by phase, on the GPU:
+
+    python tools/phase_probe.py build ARTIFACT OUT --mark TEXT [--mark TEXT ...]  # here (nvcc)
+    python tools/phase_probe.py run OUT --op OP [--step S]                        # on a GPU
+
+`build` makes a variant of ARTIFACT (tools/kernel_variant.py) in which compute thread 0, on
+reaching the line of kernel.cu that holds each --mark's TEXT (unique in the file; the line must
+begin a statement where the launch's `Params& p` is in scope), writes the mark's number and the
+globaltimer into the profile buffer past the profiled steps, the first MARKS of each CTA's
+launch. `run` loads the variant with random weights, decodes a few steps with the stamps on and
+prints, for the tasks of OP (layers folded, e.g. `attention`) in one step, the mean time per
+task from its dependencies met to its first mark, between consecutive marks (a mark in a loop
+counts each time round), and from its last mark to its end. The stamps are thread 0's view:
+where a phase ends in a barrier, mark the line after it.
+
+MLA attention, for instance:
+
+    python tools/phase_probe.py build ART OUT \\
+        --mark '  mla_stage_queries(p, t, stage, g, ct);' --mark '  float acc[MLA_OT][4] = {};' \\
+        --mark '    mla_scores(m, warp, lane);' --mark '    mla_softmax(m, static_cast' \\
+        --mark '    mla_values(m, o, warp, lane);' --mark '  mla_write_part(p.act'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from kernel_variant import make_variant
+
+from tilertc.profile import DEPS_MET, DONE
+
+STEPS = 4  # decode steps of the stamped launch (the marks lie past them)
+MARKS = 4096  # marks kept per CTA
+MARKS_FILE = "phase_marks.json"
+
+# compute thread 0's mark `id`: (id, globaltimer) in CTA blockIdx.x's next slot past the steps
+MARK_FUNCTION = f"""__device__ unsigned phase_count[1024];  // per CTA: marks written
+__device__ __forceinline__ void phase_mark(const Params& p, int id) {{
+  if (!p.profile || threadIdx.x != 0) return;
+  const unsigned n = phase_count[blockIdx.x]++;
+  if (n >= {MARKS}) return;
+  unsigned long long* at = p.profile + {STEPS} * p.n_tasks * 3 + (blockIdx.x * {MARKS}ull + n) * 2;
+  at[0] = id;
+  at[1] = now_ns();
+}}
+"""
+BEFORE = "__device__ __forceinline__ bool quit_seen("  # after now_ns and Params
+
+
+def marked_source(source: str, marks: list[str]) -> str:
+    """kernel.cu with `phase_mark(p, i)` at the start of the line holding marks[i], and the
+    function ahead of every use (before quit_seen). Refuses a mark not once in the source."""
+    for i, text in enumerate(marks):
+        if source.count(text) != 1:
+            raise SystemExit(f"--mark {text!r} is in the kernel {source.count(text)} times, "
+                             "not once")
+        line = source.rfind("\n", 0, source.index(text)) + 1
+        source = f"{source[:line]}  phase_mark(p, {i});\n{source[line:]}"
+    return source.replace(BEFORE, MARK_FUNCTION + BEFORE, 1)
+
+
+def build(artifact: Path, out: Path, marks: list[str]) -> dict:
+    """The marked variant of `artifact` in `out` (and its marks in MARKS_FILE); ptxas's report."""
+    source = (artifact / "kernel.cu").read_text()
+    report = make_variant(artifact, out, [], [[source, marked_source(source, marks)]])
+    (out / MARKS_FILE).write_text(json.dumps(marks, indent=1))
+    return report
+
+
+def phases(stamps: np.ndarray, log: np.ndarray, ops: list[str], ctas: np.ndarray, op: str,
+           labels: list[str]) -> tuple[int, dict[str, float], dict[str, float]]:
+    """For the tasks of `op` in one step (`stamps`: [tasks, 3] ns), their marks from `log`
+    ([ctas, MARKS, 2]: id, ns; zero where unwritten) inside each task's time: the tasks seen,
+    and per transition ("deps met -> a", "a -> b", "b -> done") its mean µs per task and the
+    mean times it came per task."""
+    total: dict[str, float] = defaultdict(float)
+    times: dict[str, int] = defaultdict(int)
+    tasks = 0
+    for task in (i for i, o in enumerate(ops) if o == op):
+        met, done = int(stamps[task, DEPS_MET]), int(stamps[task, DONE])
+        if not done:  # the task did not run
+            continue
+        cta = log[ctas[task]].astype(np.int64)
+        mine = cta[(cta[:, 1] >= met) & (cta[:, 1] <= done)]
+        tasks += 1
+        prev, at = "deps met", met
+        for mark, ns in sorted(mine.tolist(), key=lambda m: m[1]):
+            key = f"{prev} -> {labels[mark]}"
+            total[key] += (ns - at) / 1e3
+            times[key] += 1
+            prev, at = labels[mark], ns
+        total[f"{prev} -> done"] += (done - at) / 1e3
+        times[f"{prev} -> done"] += 1
+    return (tasks, {k: v / max(tasks, 1) for k, v in total.items()},
+            {k: v / max(tasks, 1) for k, v in times.items()})
+
+
+def run(artifact: Path, op: str, step: int) -> None:
+    from tilertc.artifact import model_spec, read_manifest
+    from tilertc.engine import Engine
+    from tilertc.ir.build import build_graph
+    from tilertc.ir.weights import random_weights
+    from tilertc.profile import fold_layer, profile_engine
+
+    labels = [m.strip() for m in json.loads((artifact / MARKS_FILE).read_text())]
+    m = read_manifest(artifact)
+    weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
+    engine = Engine.load(artifact, weights=weights, device="cuda")
+    n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
+    list(engine.generate([1], max_new_tokens=8))  # warm: caches, clocks
+    profile = profile_engine(engine, 5, STEPS, -(-ctas * MARKS * 2 // (n * 3)))
+    log = profile.spare.reshape(-1)[:ctas * MARKS * 2].reshape(ctas, MARKS, 2)
+    ops = [fold_layer(o) for o in profile.ops]
+    tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)
+    print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}; µs a task")
+    for key, us in mean_us.items():
+        print(f"  {us:8.2f}  x{count[key]:<5.2f} {key}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="a marked variant of ARTIFACT in OUT (needs nvcc)")
+    b.add_argument("artifact", type=Path)
+    b.add_argument("out", type=Path)
+    b.add_argument("--mark", action="append", required=True, metavar="TEXT",
+                   help="stamp at the line holding TEXT (repeatable; in order)")
+    r = sub.add_parser("run", help="decode with the marks on and print OP's phases (needs a GPU)")
+    r.add_argument("artifact", type=Path)
+    r.add_argument("--op", required=True, help="an op, layers folded (e.g. attention)")
+    r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        report = build(args.artifact, args.out, args.mark)
+        print(f"{args.out}: {report.get('registers')} registers, "
+              f"{report.get('spill_stores', 0)} B spilled")
+    else:
+        run(args.artifact, args.op, args.step)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
