@@ -45,6 +45,11 @@ def make_variant(src: Path, dst: Path, defines: list[str], replaces: list[list[s
     return report
 
 
+def summary(out: Path, report: dict) -> str:
+    """A variant's line: where it is, its registers and spilled bytes."""
+    return f"{out}: {report.get('registers')} registers, {report.get('spill_stores', 0)} B spilled"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("artifact", type=Path)
@@ -52,9 +57,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--define", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--replace", action="append", nargs=2, default=[], metavar=("OLD", "NEW"))
     args = parser.parse_args(argv)
-    report = make_variant(args.artifact, args.out, args.define, args.replace)
-    print(f"{args.out}: {report.get('registers')} registers, "
-          f"{report.get('spill_stores', 0)} B spilled")
+    print(summary(args.out, make_variant(args.artifact, args.out, args.define, args.replace)))
     return 0
 
 

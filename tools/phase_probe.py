@@ -30,11 +30,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from kernel_variant import make_variant
+from kernel_variant import make_variant, summary
+from stream_probe import STEPS, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
 
-STEPS = 4  # decode steps of the stamped launch (the marks lie past them)
 MARKS = 4096  # marks kept per CTA
 MARKS_FILE = "phase_marks.json"
 
@@ -105,16 +105,14 @@ def run(artifact: Path, op: str, step: int) -> None:
     from tilertc.engine import Engine
     from tilertc.ir.build import build_graph
     from tilertc.ir.weights import random_weights
-    from tilertc.profile import fold_layer, profile_engine
+    from tilertc.profile import fold_layer
 
     labels = [m.strip() for m in json.loads((artifact / MARKS_FILE).read_text())]
     m = read_manifest(artifact)
     weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
     engine = Engine.load(artifact, weights=weights, device="cuda")
-    n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
-    list(engine.generate([1], max_new_tokens=8))  # warm: caches, clocks
-    profile = profile_engine(engine, 5, STEPS, -(-ctas * MARKS * 2 // (n * 3)))
-    log = profile.spare.reshape(-1)[:ctas * MARKS * 2].reshape(ctas, MARKS, 2)
+    profile, words = stamped_profile(engine, MARKS * 2)
+    log = words.reshape(words.shape[0], MARKS, 2)
     ops = [fold_layer(o) for o in profile.ops]
     tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)
     print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}; µs a task")
@@ -136,9 +134,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
     args = parser.parse_args(argv)
     if args.command == "build":
-        report = build(args.artifact, args.out, args.mark)
-        print(f"{args.out}: {report.get('registers')} registers, "
-              f"{report.get('spill_stores', 0)} B spilled")
+        print(summary(args.out, build(args.artifact, args.out, args.mark)))
     else:
         run(args.artifact, args.op, args.step)
     return 0

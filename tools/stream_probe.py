@@ -21,9 +21,10 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from kernel_variant import make_variant
+from kernel_variant import make_variant, summary
 
 # a task's stamps; in a probe variant a matrix-vector task's START is where its staging ended
 from tilertc.profile import DEPS_MET, DONE, START
@@ -126,6 +127,18 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
     return out
 
 
+def stamped_profile(engine: Any, words: int) -> tuple[Any, np.ndarray]:
+    """Decode STEPS steps with the task stamps on and room for `words` stamps per CTA past
+    them (after a warm-up decode: caches, clocks); the profile and the CTAs' words
+    [ctas, words]. Needs the GPU."""
+    from tilertc.profile import profile_engine
+
+    n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
+    list(engine.generate([1], max_new_tokens=8))
+    profile = profile_engine(engine, 5, STEPS, -(-ctas * words // (n * 3)))
+    return profile, profile.spare.reshape(-1)[:ctas * words].reshape(ctas, words)
+
+
 def run(artifacts: list[Path], step: int) -> None:
     import torch
 
@@ -133,7 +146,7 @@ def run(artifacts: list[Path], step: int) -> None:
     from tilertc.engine import Engine
     from tilertc.ir.build import build_graph
     from tilertc.ir.weights import random_weights
-    from tilertc.profile import fold_layer, profile_engine
+    from tilertc.profile import fold_layer
 
     by_model: dict[str, list[Path]] = {}
     for a in artifacts:
@@ -145,10 +158,8 @@ def run(artifacts: list[Path], step: int) -> None:
         for a in group:
             engine = Engine.load(a, weights=weights, device="cuda")
             pages = probe_pages(a)
-            n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
-            list(engine.generate([1], max_new_tokens=8))  # warm: caches, clocks
-            profile = profile_engine(engine, 5, STEPS, -(-ctas * pages * 4 // (n * 3)))
-            log = profile.spare.reshape(-1)[:ctas * pages * 4].reshape(ctas, pages, 4)
+            profile, words = stamped_profile(engine, pages * 4)
+            log = words.reshape(words.shape[0], pages, 4)
             ops = [fold_layer(o) for o in profile.ops]
             print(f"== {a} (step {step} of {STEPS}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
@@ -174,9 +185,7 @@ def main(argv: list[str]) -> int:
     r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
     args = parser.parse_args(argv)
     if args.command == "build":
-        report = build(args.artifact, args.out, args.pages)
-        print(f"{args.out}: {report.get('registers')} registers, "
-              f"{report.get('spill_stores', 0)} B spilled")
+        print(summary(args.out, build(args.artifact, args.out, args.pages)))
     else:
         run(args.artifacts, args.step)
     return 0
