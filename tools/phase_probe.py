@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from kernel_variant import make_variant, summary
-from stream_probe import STEPS, stamped_profile
+from stream_probe import STEPS, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
 
@@ -44,7 +44,7 @@ __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   if (!p.profile || threadIdx.x != 0) return;
   const unsigned n = phase_count[blockIdx.x]++;
   if (n >= {MARKS}) return;
-  unsigned long long* at = p.profile + {STEPS} * p.n_tasks * 3 + (blockIdx.x * {MARKS}ull + n) * 2;
+  unsigned long long* at = {spare_words(str(2 * MARKS), "2 * n")};
   at[0] = id;
   at[1] = now_ns();
 }}

@@ -33,10 +33,16 @@ STEPS = 4  # decode steps of the stamped launch (the page stamps lie past them)
 ISSUED, WAITING, SEEN, RELEASED = range(4)  # a page's stamps
 
 
+def spare_words(per_cta: str, index: str) -> str:
+    """kernel.cu's address of word `index` of this CTA's `per_cta` stamp words past the
+    profiled steps (`stamped_profile` reads them back as [ctas, per_cta])."""
+    return (f"(p.profile + {STEPS} * p.n_tasks * 3"
+            f" + blockIdx.x * static_cast<long long>({per_cta}) + {index})")
+
+
 def page_stamps(index: str) -> str:
     """The 4 stamps of page `index` of this CTA's launch, past the profiled steps."""
-    return (f"(p.profile + {STEPS} * p.n_tasks * 3"
-            f" + (blockIdx.x * static_cast<long long>(PROBE_PAGES) + {index}) * 4)")
+    return spare_words("PROBE_PAGES * 4", f"({index}) * 4")
 
 
 # (old, new) edits of decode.cuh's text in kernel.cu; PROBE_PAGES is the variant's #define
