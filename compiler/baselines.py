@@ -31,7 +31,7 @@ import torch
 from tilertc.inspect import charge_reads, human_bytes
 from tilertc.ir.build import build_graph
 from tilertc.ir.graph import TensorKind
-from tilertc.kernel_per_op import KernelPerOpModel
+from tilertc.kernel_per_op import KernelPerOpModel, allocated_bytes, unsupported
 from tilertc.model_specs.spec import ModelSpec
 
 
@@ -161,6 +161,16 @@ class CUDAGraphStepper:
 def available_host_bytes() -> int | None:
     """The host memory free for new allocations (Linux's MemAvailable), or None if unknown."""
     return _proc_bytes("/proc/meminfo", "MemAvailable:")
+
+
+def free_bytes(device: str | torch.device) -> int | None:
+    """Memory free for new tensors on `device`: a GPU's free memory and what torch's caching
+    allocator holds unused; the host's MemAvailable."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return available_host_bytes()
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
 
 
 class HostPeak:
@@ -426,12 +436,18 @@ def kernel_per_op(spec: ModelSpec, weights: dict[str, torch.Tensor], prompt: Seq
                   n_tokens: int, device: str | torch.device = "cuda",
                   dtype: torch.dtype = torch.bfloat16, warmup: int = 3,
                   keep_logits: bool = False) -> BaselineResult:
-    """The hand-written kernel-per-op step; captured in CUDA graphs on a CUDA device."""
-    try:
-        model = KernelPerOpModel(spec, weights, len(prompt) + warmup + n_tokens + 1, device,
-                                 dtype)
-    except ValueError as e:
-        raise BaselineUnavailable(str(e)) from e
+    """The hand-written kernel-per-op step; captured in CUDA graphs on a CUDA device. Skipped
+    (BaselineUnavailable) where its stacked weights and cache would not fit in what is free."""
+    if why := unsupported(spec):
+        raise BaselineUnavailable(why)
+    max_seq_len = len(prompt) + warmup + n_tokens + 1
+    need, free = allocated_bytes(spec, weights, max_seq_len, device, dtype), free_bytes(device)
+    if free is not None and need > free:
+        raise BaselineUnavailable(
+            f"the kernel-per-op model of {spec.name} needs ~{human_bytes(need)} of {device} "
+            f"memory (stacked projections, KV cache); {human_bytes(free)} is free beside what "
+            "is loaded")
+    model = KernelPerOpModel(spec, weights, max_seq_len, device, dtype)
     graphed = model.device.type == "cuda"
     name = "kernel-per-op-cuda-graph" if graphed else "kernel-per-op-eager"
     return run_decode_baseline(name, model, prompt, n_tokens, warmup, graphed,

@@ -28,7 +28,14 @@ from rich.console import Console
 
 from tilertc import baselines
 from tilertc.artifact import check_capacity, model_spec, read_manifest
-from tilertc.bench_gate import MIN_CLEAR_STEPS, GateFailure, GateReport, check_decode, clear_margins
+from tilertc.bench_gate import (
+    MIN_CLEAR_STEPS,
+    GateFailure,
+    GateReport,
+    check_decode,
+    clear_margins,
+    depth_tolerance,
+)
 from tilertc.bench_report import (
     BenchReport,
     Prediction,
@@ -308,7 +315,8 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
         baseline_tokens, baseline_logits, name = None, None, None
     free_gpu()
     report = check_decode(torch.stack(got), torch.stack(want), tokens, baseline_tokens, name,
-                          tied=tied, baseline_logits=baseline_logits)
+                          depth_tolerance(engine.spec.num_layers), tied=tied,
+                          baseline_logits=baseline_logits)
     report.problems += [f"{m}: chosen otherwise outside a tie" for m in wrong]
     return report
 

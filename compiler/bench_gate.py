@@ -26,10 +26,21 @@ from typing import Any
 
 import torch
 
-REL_TOL = 2e-2  # max ||kernel - interpreter|| / ||interpreter|| per step
+REL_TOL = 2e-2  # max ||kernel - interpreter|| / ||interpreter|| per step, up to REL_TOL_LAYERS
+REL_TOL_LAYERS = 32
 BASELINE_REL_TOL = 0.15  # the same for a bf16 baseline; another model is off by ~100 %
 MARGIN = 2e-2  # a top-2 gap above this share of max |logit| is clear of bf16 noise
 MIN_CLEAR_STEPS = 4  # greedy tokens must be checked at this many clear steps at least
+
+
+def depth_tolerance(num_layers: int) -> float:
+    """The gate's relative tolerance for a model of `num_layers` layers. The kernel rounds to
+    bf16 where the tensor cores take their operands (attention's queries and probabilities) and
+    in its caches; those roundings are independent from layer to layer, so the logits' error
+    against the float32 interpreter grows with depth like a random walk's. Measured with random
+    weights: 1.6-1.8 % at 32 layers (llama-3.1-8b), 2.03 % at 64 (qwen3-32b FP8), where a fixed
+    REL_TOL failed a kernel whose other checks pass; a wrong kernel is off by tens of %."""
+    return REL_TOL * max(1.0, (num_layers / REL_TOL_LAYERS) ** 0.5)
 
 
 class GateFailure(RuntimeError):
@@ -53,13 +64,14 @@ class GateReport:
     baseline_max_rel_err: float | None = None  # of its logits up to there, where it gave them
     tied_steps: list[int] = field(default_factory=list)  # routed or selected otherwise within a tie
     problems: list[str] = field(default_factory=list)
+    rel_tol: float = REL_TOL
 
     @property
     def passed(self) -> bool:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "passed": self.passed, "rel_tol": REL_TOL, "margin": MARGIN}
+        return {**asdict(self), "passed": self.passed, "margin": MARGIN}
 
 
 def clear_margins(reference: torch.Tensor, margin: float = MARGIN) -> list[bool]:
@@ -88,7 +100,8 @@ def check_decode(kernel_logits: torch.Tensor, reference_logits: torch.Tensor,
     compared = [e for e, t in zip(errs, tied, strict=True) if not t] or [0.0]
     clear = [c and not t for c, t in zip(clear_margins(r, margin), tied, strict=True)]
     report = GateReport(len(errs), max(compared), float(torch.tensor(compared).median()),
-                        sum(clear), baseline, tied_steps=[i for i, t in enumerate(tied) if t])
+                        sum(clear), baseline, tied_steps=[i for i, t in enumerate(tied) if t],
+                        rel_tol=rel_tol)
     problems = report.problems
     for i, err in enumerate(errs):
         if err > rel_tol and not tied[i]:

@@ -22,6 +22,33 @@ from tilertc.ir.rope import apply_rope, cos_sin
 from tilertc.model_specs.spec import ModelSpec
 
 SUPPORTED_FAMILIES = ("llama", "qwen3")
+STACKED = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")  # each stack is a new tensor
+
+
+def unsupported(spec: ModelSpec) -> str | None:
+    """Why the kernel-per-op engine cannot run `spec`, or None."""
+    if spec.model_type not in SUPPORTED_FAMILIES or not spec.is_dense:
+        return (f"the kernel-per-op engine supports dense {SUPPORTED_FAMILIES}, "
+                f"not {spec.model_type!r}")
+    if spec.weight_format.is_fp8:
+        return ("the kernel-per-op engine reads bf16 weights; this model's are FP8 "
+                "(baselines.dequantized_model gives the bf16 model)")
+    return None
+
+
+def allocated_bytes(spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
+                    device: str | torch.device, dtype: torch.dtype) -> int:
+    """What a KernelPerOpModel of `weights` allocates on `device`: its stacked projections, the
+    weights it converts (a weight already there in `dtype` is used as it is) and its KV cache.
+    Beside a kernel's packed copy of a large model the stacks alone may not fit."""
+    device, size = torch.device(device), torch.tensor([], dtype=dtype).element_size()
+
+    def copied(name: str, w: torch.Tensor) -> bool:
+        return (w.device.type != device.type or w.dtype != dtype
+                or any(f".{s}." in name for s in STACKED))
+
+    cache = 2 * spec.num_layers * spec.num_kv_heads * max_seq_len * spec.head_dim
+    return size * (cache + sum(w.numel() for n, w in weights.items() if copied(n, w)))
 
 
 class _WeightLoader:
@@ -65,12 +92,8 @@ class KernelPerOpModel:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_len: int,
                  device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                  ctx_bucket: int = 256) -> None:
-        if spec.model_type not in SUPPORTED_FAMILIES or not spec.is_dense:
-            raise ValueError(f"the kernel-per-op engine supports dense {SUPPORTED_FAMILIES}, "
-                             f"not {spec.model_type!r}")
-        if spec.weight_format.is_fp8:
-            raise ValueError("the kernel-per-op engine reads bf16 weights; this model's are "
-                             "FP8 (baselines.dequantized_model gives the bf16 model)")
+        if why := unsupported(spec):
+            raise ValueError(why)
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         self.max_seq_len, self.ctx_bucket = max_seq_len, ctx_bucket
 

@@ -29,7 +29,7 @@ from tilertc.baselines import (
     weight_bytes_per_token,
 )
 from tilertc.ir.weights import random_weights
-from tilertc.kernel_per_op import KernelPerOpModel
+from tilertc.kernel_per_op import KernelPerOpModel, allocated_bytes
 
 PROMPT = [1, 5, 9, 3]
 STEPS = 8
@@ -234,6 +234,36 @@ def test_kernel_per_op_attention_length_beyond_position_is_masked() -> None:
         bucketed = model.step(token, pos, model.graph_ctx_len(len(PROMPT) + 1))
     assert model.graph_ctx_len(len(PROMPT) + 1) == 16
     torch.testing.assert_close(bucketed, exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_per_op_allocates_what_it_is_said_to(dtype: torch.dtype) -> None:
+    """`allocated_bytes` (the memory check before a kernel-per-op run) is what the model's
+    tensors take beyond the weights they share: in float32 the stacks and cache alone, in bf16
+    a converted copy of every float32 weight too."""
+    spec, weights = model_and_weights("qwen3-tiny")
+    model = KernelPerOpModel(spec, weights, MAX_SEQ, "cpu", dtype)
+    shared = {w.data_ptr() for w in weights.values()}
+    fields = [*vars(model).values(), *(v for layer in model.layers for v in vars(layer).values())]
+    tensors = {t.data_ptr(): t for t in fields
+               if isinstance(t, torch.Tensor) and t.data_ptr() not in shared}
+    positional = {model.cos.data_ptr(), model.sin.data_ptr(), model.key_positions.data_ptr()}
+    own = sum(t.nbytes for p, t in tensors.items() if p not in positional)
+    assert allocated_bytes(spec, weights, MAX_SEQ, "cpu", dtype) == own
+
+
+def test_kernel_per_op_is_skipped_where_it_would_not_fit(monkeypatch) -> None:
+    """Beside a kernel's packed copy of a 32B bf16 model the stacks do not fit in an H200's
+    memory: the baseline is skipped with the figures, not run into an out-of-memory error."""
+    import tilertc.baselines as baselines
+
+    spec, weights = model_and_weights("llama-tiny")
+    need = allocated_bytes(spec, weights, len(PROMPT) + 3 + 2 + 1, "cpu", torch.bfloat16)
+    monkeypatch.setattr(baselines, "free_bytes", lambda device: need - 1)
+    with pytest.raises(BaselineUnavailable, match="needs ~.* of cpu memory"):
+        kernel_per_op(spec, weights, PROMPT, 2, "cpu")
+    monkeypatch.setattr(baselines, "free_bytes", lambda device: need)
+    assert len(kernel_per_op(spec, weights, PROMPT, 2, "cpu").tokens) == len(PROMPT) + 2
 
 
 def test_kernel_per_op_rejects_other_families() -> None:
