@@ -342,11 +342,15 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
     numbers are reported. Results: a table per point, bench.json and bench.png in --out.
     With --per-layer: a table of one layer per kind and the projection, and bench.json.
     """
+    import os
     import sys
     from pathlib import Path
 
     from click.core import ParameterSource
 
+    # A large model's weights held twice (the interpreter's and the kernel's packed copy) leave
+    # little room: torch's allocator grows segments rather than fragmenting what is left.
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     from tilertc.artifact import ArtifactError
     from tilertc.bench import (
         BenchConfig,
