@@ -272,6 +272,27 @@ def require_gpu(device: str) -> None:
                          "(torch.cuda.is_available() is false)")
 
 
+def engine_bytes(m: dict[str, Any]) -> int:
+    """What loading artifact `m` on one GPU allocates there: its packed weights, the activation
+    arena (float32) and the KV arena (bf16)."""
+    return m["weights"]["packed_bytes"] + 4 * m["arenas"]["act"] + 2 * m["arenas"]["kv"]
+
+
+def check_room(name: str, m: dict[str, Any], free: int | None, held: int, rounds: int) -> None:
+    """Refuse, before loading it, a kernel whose packed weights and arenas would not fit in the
+    `free` bytes left beside the model's weights and the `held` kernels already loaded (with
+    --rounds above 1 every kernel stays loaded): a clear error rather than torch's out of
+    memory partway through the run."""
+    need = engine_bytes(m)
+    if free is None or need <= free:
+        return
+    why = (f"; --rounds {rounds} keeps every kernel loaded and {held} already are: time fewer "
+           "kernels at once (--artifact) or use --rounds 1") if held else ""
+    raise BenchError(f"{name}: the kernel needs ~{human_bytes(need)} of GPU memory (packed "
+                     f"weights, arenas), {human_bytes(free)} is free beside the model's "
+                     f"weights{why}")
+
+
 def free_gpu() -> None:
     """Drop what the last system left, so that each runs on an otherwise idle GPU."""
     gc.collect()
@@ -417,6 +438,8 @@ def run_bench(config: BenchConfig,
     # loaded and take turns (round_order).
     engines: dict[str, Any] = {}
     for name, artifact, km in kernels:
+        if config.tp == 1:
+            check_room(name, km, baselines.free_bytes(config.device), len(engines), config.rounds)
         with phase(f"{name}: loading the kernel ({km['options']['backend']} backend)"):
             engine = Engine.load(artifact, weights=weights, device=config.device)
         with phase(f"{name}: correctness gate, kernel vs interpreter vs kernel-per-op"):

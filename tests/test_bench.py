@@ -24,6 +24,8 @@ from tilertc.bench import (
     BenchConfig,
     BenchError,
     check_model,
+    check_room,
+    engine_bytes,
     finish,
     op_bytes,
     parse_backends,
@@ -213,6 +215,21 @@ def test_gate_refuses_wrong_logits() -> None:
     assert any(p.startswith("step 3: the kernel's logits differ") for p in report.problems)
     with pytest.raises(GateFailure, match="step 3"):
         raise GateFailure(report)
+
+
+def test_bench_refuses_a_kernel_that_would_not_fit_beside_those_held() -> None:
+    """qwen3-32b FP8 (31 GiB packed) timed three ways with --rounds 2: the third kernel did not
+    fit beside the weights and the two loaded; the bench says so before loading it."""
+    m = {"weights": {"packed_bytes": 31 << 30}, "arenas": {"act": 1 << 20, "kv": 1 << 28}}
+    need = engine_bytes(m)
+    assert need == (31 << 30) + (4 << 20) + (2 << 28)
+    check_room("tilertc", m, need, 0, 1)  # fits exactly
+    check_room("tilertc", m, None, 0, 1)  # free memory unknown: not refused
+    with pytest.raises(BenchError, match="the kernel needs ~33.8 GB .* 33.8 GB is free") as e:
+        check_room("tilertc", m, need - 1, 0, 1)
+    assert "--rounds" not in str(e.value)
+    with pytest.raises(BenchError, match="--rounds 2 keeps every kernel loaded and 2 already"):
+        check_room("tilertc-Q8_mma0", m, 8 << 30, 2, 2)
 
 
 def test_gate_tolerance_grows_with_depth_as_a_random_walk() -> None:
