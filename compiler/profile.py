@@ -92,6 +92,10 @@ class OpTime:
     mean_wait_ns: float  # start to dependencies met, per task
     share: float  # span over the step's time
     floor_ns: float | None = None  # its bytes at the measured ceiling, summed over the layers
+    # per step: its last task done after the median task's, summed over the layers: how long
+    # the slowest tasks (SMs that drew less bandwidth, or started later) hold up what waits for
+    # all of the op; what dealing the work out unevenly could win back
+    tail_ns: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +141,8 @@ def op_table(profile: StepProfile, skip_first: bool = True,
     first = {op: stamps[:, idx, DEPS_MET].min(1) for op, idx in tasks_of.items()}
     last = {op: stamps[:, idx, DONE].max(1) for op, idx in tasks_of.items()}
     span = {op: float((last[op] - first[op]).mean()) for op in tasks_of}  # mean over the steps
+    tail = {op: float((last[op] - np.median(stamps[:, idx, DONE], axis=1)).mean())
+            for op, idx in tasks_of.items()}
     begin = {op: float(first[op].mean()) for op in tasks_of}
     gap_ns = float(np.mean([uncovered_ns(0.0, ends[s],
                                          [(first[op][s], last[op][s]) for op in tasks_of])
@@ -155,26 +161,26 @@ def op_table(profile: StepProfile, skip_first: bool = True,
                            float((mine[..., DEPS_MET] - mine[..., START]).mean()),
                            total / step_ns,
                            sum(profile.op_bytes[op] for op in members) / bytes_per_s * 1e9
-                           if known else None))
+                           if known else None, sum(tail[op] for op in members)))
     return OpTable(rows, step_ns, gap_ns, steps)
 
 
 def print_op_table(table: OpTable, console: Console) -> None:
     """The table as the terminal shows it; op spans overlap (pipelining) and leave gaps, so the
     shares need not add up to 100 %. `floor µs`: the op's bytes at the measured ceiling (blank
-    where unknown)."""
+    where unknown); `tail µs`: its last task done after its median task (`OpTime.tail_ns`)."""
     out = Table(title=f"one decode step: {table.step_ns / 1e3:.1f} µs, of which "
                       f"{table.gap_ns / 1e3:.1f} µs inside no op's span (mean of steps "
                       f"{', '.join(map(str, table.steps))}; kernel globaltimer stamps)",
                 title_justify="left")
-    for name in ("op", "×", "tasks", "span µs", "floor µs", "mean task µs", "mean wait µs",
-                 "share %"):
+    for name in ("op", "×", "tasks", "span µs", "floor µs", "tail µs", "mean task µs",
+                 "mean wait µs", "share %"):
         out.add_column(name, justify="left" if name == "op" else "right")
     for r in table.rows:
         out.add_row(r.op, str(r.ops_folded), str(r.tasks), f"{r.span_ns / 1e3:.1f}",
                     "" if r.floor_ns is None else f"{r.floor_ns / 1e3:.1f}",
-                    f"{r.mean_task_ns / 1e3:.2f}", f"{r.mean_wait_ns / 1e3:.2f}",
-                    f"{100 * r.share:.1f}")
+                    f"{r.tail_ns / 1e3:.1f}", f"{r.mean_task_ns / 1e3:.2f}",
+                    f"{r.mean_wait_ns / 1e3:.2f}", f"{100 * r.share:.1f}")
     console.print(out)
 
 

@@ -359,6 +359,9 @@ def test_op_table_folds_layers_and_measures_from_the_stamps() -> None:
     assert mlp.mean_task_ns == pytest.approx((1500 + 1000 + 1000 + 2000) / 4)
     assert mlp.mean_wait_ns == pytest.approx((500 + 1500 + 500 + 500) / 4)
     assert mlp.share == pytest.approx(3500 / 7000)
+    # tail: last done after the median done (two tasks: their mean), per layer, summed
+    assert mlp.tail_ns == pytest.approx((3000 - 2750) + (5000 - 4750))
+    assert rows["embed"].tail_ns == 0.0
     # Spans: embed [0, 1000], layer 0 [1500, 3000], layer 1 [3000, 5000], lm_head [6000, 7000].
     assert table.gap_ns == pytest.approx(500 + 1000)
     assert table.to_dict()["ops"][1]["op"] == "mlp"
@@ -376,7 +379,8 @@ def test_op_table_floors_are_the_ops_bytes_at_the_ceiling() -> None:
     assert all(r.floor_ns is None for r in op_table(prof).rows)
     console = Console(record=True, width=160)
     print_op_table(op_table(prof, bytes_per_s=1e9), console)
-    assert "floor µs" in console.export_text()
+    text = console.export_text()
+    assert "floor µs" in text and "tail µs" in text
 
 
 def test_op_bytes_sum_the_cost_models_task_bytes() -> None:
