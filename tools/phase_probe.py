@@ -19,6 +19,15 @@ MLA attention, for instance:
         --mark '  mla_stage_queries(p, t, stage, g, ct);' --mark '  float acc[MLA_OT][4] = {};' \\
         --mark '    mla_scores(m, warp, lane);' --mark '    mla_softmax(m, static_cast' \\
         --mark '    mla_values(m, o, warp, lane);' --mark '  mla_write_part(p.act'
+
+A matrix-vector task's staging and pages (an FP8 tile task; `--op o_proj` etc.; the staging
+round's mark counts once per round; docs/performance.md, session 24):
+
+    python tools/phase_probe.py build ART OUT \
+        --mark '  const float res = add && ct < rows ? residual(' \
+        --mark '    const int E = block_exponent(m);' \
+        --mark '  matvec_pages(p, s, t, rows, rb, rpp, k8, halves, consumed, lane, group, gw);' \
+        --mark '  const float rstd = normed(t) ? s.red[COMPUTE_WARPS] : 1.f;'
 """
 
 from __future__ import annotations
