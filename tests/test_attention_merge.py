@@ -73,3 +73,14 @@ def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkey
     assert (tile["chunks"], tile["merge_chunks"]) == (chunks, room - 1)
     assert program.config["compute_warps"] == 4
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
+
+
+def test_eight_query_heads_a_kv_head_on_the_host_is_the_interpreters(tmp_path: Path) -> None:
+    """8 query heads a KV head (Qwen3-32B, Qwen3-30B-A3B; the tiny models have 2): decode.cuh's
+    own step on the host equals the interpreter, keys split over 4 warps and several chunks."""
+    spec = dataclasses.replace(tilertc.load_spec("qwen3-tiny"), num_heads=16)
+    assert spec.num_heads // spec.num_kv_heads == 8
+    target = dataclasses.replace(get_target("h200"), num_sms=8)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 100)
+    assert program.graph.op("layers.0.attention").attrs["tile"]["chunks"] > 1
+    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
