@@ -41,7 +41,7 @@ def allocated_bytes(spec: ModelSpec, weights: dict[str, torch.Tensor], max_seq_l
     """What a KernelPerOpModel of `weights` allocates on `device`: its stacked projections, the
     weights it converts (a weight already there in `dtype` is used as it is) and its KV cache.
     Beside a kernel's packed copy of a large model the stacks alone may not fit."""
-    device, size = torch.device(device), torch.tensor([], dtype=dtype).element_size()
+    device, size = torch.device(device), dtype.itemsize
 
     def copied(name: str, w: torch.Tensor) -> bool:
         return (w.device.type != device.type or w.dtype != dtype
