@@ -48,6 +48,7 @@ from tilertc.bench_report import (
 from tilertc.choice_check import CHOOSING_OPS, check_choices
 from tilertc.compile_report import StageDisplay
 from tilertc.driver import TUNING_FLAGS, TUNING_KNOBS, schedule_tuning
+from tilertc.engine import device_bytes
 from tilertc.inspect import human_bytes
 from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
@@ -272,18 +273,12 @@ def require_gpu(device: str) -> None:
                          "(torch.cuda.is_available() is false)")
 
 
-def engine_bytes(m: dict[str, Any]) -> int:
-    """What loading artifact `m` on one GPU allocates there: its packed weights, the activation
-    arena (float32) and the KV arena (bf16)."""
-    return m["weights"]["packed_bytes"] + 4 * m["arenas"]["act"] + 2 * m["arenas"]["kv"]
-
-
 def check_room(name: str, m: dict[str, Any], free: int | None, held: int, rounds: int) -> None:
     """Refuse, before loading it, a kernel whose packed weights and arenas would not fit in the
     `free` bytes left beside the model's weights and the `held` kernels already loaded (with
     --rounds above 1 every kernel stays loaded): a clear error rather than torch's out of
     memory partway through the run."""
-    need = engine_bytes(m)
+    need = device_bytes(m)
     if free is None or need <= free:
         return
     why = (f"; --rounds {rounds} keeps every kernel loaded and {held} already are: time fewer "

@@ -37,6 +37,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from tilertc.baselines import free_bytes
 from tilertc.bench import (
     BenchConfig,
     BenchError,
@@ -509,12 +510,6 @@ def check_per_layer(config: BenchConfig) -> None:
             raise BenchError(f"--per-layer times {why}")
 
 
-def free_gpu_bytes(device: str) -> int:
-    import torch
-
-    return torch.cuda.mem_get_info(torch.device(device))[0]
-
-
 def projection_costs(plan: list[tuple[str, int]], spec_of: Callable[..., ModelSpec],
                      kv_context: int) -> dict[str, KindCosts] | str:
     """Per kind (kind, N) its `KindCosts`, or why the model has no tp-8 program."""
@@ -535,7 +530,7 @@ def run_per_layer(config: BenchConfig, layers_timed: int | None = None,
     (context, gen), = config.points
     kv_context = context + gen // 2  # as `token_bytes` and the bench's prediction count it
     kinds = layer_kinds(spec)
-    budget = GPU_MEMORY_SHARE * free_gpu_bytes(config.device)
+    budget = GPU_MEMORY_SHARE * free_bytes(config.device)  # a GPU: never None
 
     def spec_of(kind: str, layers: int, small_vocab: bool = True) -> ModelSpec:
         return variant_spec(config, spec, kind, layers, small_vocab)

@@ -99,6 +99,12 @@ def pack_weights(layout: dict[str, Any], weights: dict[str, torch.Tensor],
     return packed
 
 
+def device_bytes(m: dict[str, Any]) -> int:
+    """What loading artifact `m` allocates on its GPU (one rank): the packed weights, the act
+    arena (float32, `act_arena`) and the KV arena (bf16)."""
+    return m["weights"]["packed_bytes"] + 4 * m["arenas"]["act"] + 2 * m["arenas"]["kv"]
+
+
 def act_arena(m: dict[str, Any], weights: dict[str, torch.Tensor],
               device: torch.device) -> torch.Tensor:
     """The fp32 act arena as a launch finds it: zeros, but the norm weights (buffers with an

@@ -25,7 +25,6 @@ from tilertc.bench import (
     BenchError,
     check_model,
     check_room,
-    engine_bytes,
     finish,
     op_bytes,
     parse_backends,
@@ -58,6 +57,7 @@ from tilertc.bench_report import (
     token_bytes,
 )
 from tilertc.cli import main
+from tilertc.engine import device_bytes
 from tilertc.inspect import inspect_model
 from tilertc.ir.target import get_target
 from tilertc.profile import (
@@ -221,7 +221,7 @@ def test_bench_refuses_a_kernel_that_would_not_fit_beside_those_held() -> None:
     """qwen3-32b FP8 (31 GiB packed) timed three ways with --rounds 2: the third kernel did not
     fit beside the weights and the two loaded; the bench says so before loading it."""
     m = {"weights": {"packed_bytes": 31 << 30}, "arenas": {"act": 1 << 20, "kv": 1 << 28}}
-    need = engine_bytes(m)
+    need = device_bytes(m)
     assert need == (31 << 30) + (4 << 20) + (2 << 28)
     check_room("tilertc", m, need, 0, 1)  # fits exactly
     check_room("tilertc", m, None, 0, 1)  # free memory unknown: not refused

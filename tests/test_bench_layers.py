@@ -317,7 +317,7 @@ def planted_gpu(monkeypatch) -> list[BenchConfig]:
     calls: list[BenchConfig] = []
     monkeypatch.setattr(bl, "run_bench", planted_run_bench(calls))
     monkeypatch.setattr(bl, "require_gpu", lambda device: None)
-    monkeypatch.setattr(bl, "free_gpu_bytes", lambda device: 140e9)
+    monkeypatch.setattr(bl, "free_bytes", lambda device: 140e9)
     return calls
 
 
