@@ -1367,56 +1367,77 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
 // weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
 // n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
 // is 128 S bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each
-// block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A warp
-// takes STAGE_BLOCKS 128-column blocks at a time, 8 lanes a block and a lane a chunk: a block's
-// largest |x| in 3 shuffles and a digit's 16 bytes in one store. (A warp a block and a lane 4
-// columns took ~1200 cycles a round of 16 warps, 5 dependent shuffles and 16 bank-conflicted
-// stores a block; tools/stage_round_bench.cu.) A tile task's K (a piece's too) is a multiple of
-// 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+// block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A tile
+// task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+//
+// Two passes, because a block's digits need its largest |x| first. The first copies x (times
+// the norm weight) from L2 as fp32, each chunk's 64 bytes where that chunk's digits go (a
+// chunk's digits take as many bytes as its fp32 values); its loads are independent, as in
+// stage_vector, so they overlap: one round trip to L2 in all. The second converts the chunks
+// in place, from shared memory only: a warp takes STAGE_BLOCKS blocks at a time (those of 4
+// consecutive segments at one column offset), 8 lanes a block and a lane a chunk, the block's
+// largest |x| in 3 shuffles. (Loading, reducing and converting a round at a time waited for
+// L2 once per round: 7.2 us against stage_vector's 2.4 at qwen3-32b's down, K = 25600, 4
+// rounds; tools/stream_probe.py, docs/performance.md.) In the second pass a lane reads its
+// chunk's 16-byte quarters and writes its digits' 4-byte words in rotated orders, so that the
+// 8 lanes of a quarter-warp read 8 different bank groups (two segments of different parity x 4
+// quarters) and a warp's 32 word stores hit 32 banks.
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
-  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S;
-  const int warp = ct >> 5, lane = ct & 31, c = lane % 8;  // c: the lane's chunk of its block
+  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S, kseg = kp / S;
+  const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunks of a piece; log2 S
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
   float* __restrict__ factor = s.vec + k;
   float ss = 0.f;
+  // pass 1: thread ct fills B's 16-byte quarters ct, ct + NT, ... (quarter q of the chunk at
+  // 64 (chunk S + j): columns 16 chunk + 4 q of segment j), with their fp32 values
+  for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
+    const int at = f >> 2, piece = at / chunks, r = at - piece * chunks;
+    const int col = piece * kp + (r & (S - 1)) * kseg + (r >> sbits) * 16 + 4 * (f & 3), i = col / 4;
+    float4 a = in.unweighted(i);
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    if (norm) {
+      const float4 g = __ldcg(gamma + i);
+      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+    }
+    reinterpret_cast<float4*>(b)[f] = a;
+    // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
+    if (col % FP8_BLOCK_COLS == 0) factor[col / FP8_BLOCK_COLS] = in.pending_weight(i);
+  }
+  compute_sync();
+  // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
+  // the lane's chunk of it
+  const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
   for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
-    const int blk = first + lane / 8, i = blk * (FP8_BLOCK_COLS / 4) + 4 * c;
+    const int o = first + bs, piece = o / per_piece, r = o - piece * per_piece;
+    const int j = r & (S - 1), blk = piece * per_piece + j * per_segment + (r >> sbits);
+    uint8_t* at = b + piece * TILE_DIGITS * kp + (((r >> sbits) * 8 + c) * S + j) * 16 * TILE_DIGITS;
     float4 a[4];
     float m = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      a[q] = in.unweighted(i + q);
-      ss += a[q].x * a[q].x + a[q].y * a[q].y + a[q].z * a[q].z + a[q].w * a[q].w;
-      if (norm) {
-        const float4 g = __ldcg(gamma + i + q);
-        a[q].x *= g.x; a[q].y *= g.y; a[q].z *= g.z; a[q].w *= g.w;
-      }
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[q].x), fabsf(a[q].y)), fmaxf(fabsf(a[q].z), fabsf(a[q].w))));
+    for (int u = 0; u < 4; ++u) {  // a[u]: the chunk's quarter (u + bs / 2 + 2 c) % 4
+      a[u] = *reinterpret_cast<const float4*>(at + 16 * ((u + (bs >> 1) + 2 * c) & 3));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[u].x), fabsf(a[u].y)), fmaxf(fabsf(a[u].z), fabsf(a[u].w))));
     }
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int x = 4; x < 32; x <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
     const int E = block_exponent(m);
-    FixedColumns f[4];
+    FixedColumns fc[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f[q] = fixed_columns(a[q], E);
-    // (a piece's columns: its own block of digits, as if the task's whole input)
-    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (FP8_BLOCK_COLS / 16) + c;
-    uint8_t* at = b + blk / per_piece * TILE_DIGITS * kp + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j;
-    // the lanes' chunks are 64 S bytes apart, in the same banks: lane c stores digit c + r in
-    // its r-th store, so that a store spreads over 4 digits' banks (8 wavefronts, not 32)
+    for (int u = 0; u < 4; ++u) fc[u] = fixed_columns(a[u], E);
+    // every read of the chunk came first: its digits overwrite it
 #pragma unroll
-    for (int r = 0; r < TILE_DIGITS; ++r) {
-      const int n = (c + r) % TILE_DIGITS;
-      *reinterpret_cast<uint4*>(at + 16 * n) =
-          make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
+    for (int v = 0; v < TILE_DIGITS; ++v) {
+      const int n = (v + (c >> 1)) & 3;
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        *reinterpret_cast<uint32_t*>(at + 16 * n + 4 * ((u + (bs >> 1) + 2 * c) & 3)) = digit_word(fc[u], n);
     }
-    // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
-    if (c == 0) factor[blk] = in.pending_weight(i) * __int_as_float((127 + E + 5) << 23);
+    if (c == 0) factor[blk] *= __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
