@@ -224,6 +224,8 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
+#if MLA || FP8_MMA
 // 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
 // copies a thread has issued complete by its cp_async_wait_all.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -1227,15 +1229,19 @@ struct TaskInput {
 #endif
     return 1.f;
   }
+  // where inputs 4 i .. 4 i + 3 are (not in a fixed-point input: see unweighted)
+  __device__ __forceinline__ const float4* source(int i) const {
+#if MOE_SHARED_K
+    if (combine && i >= routed4) return shared + (i - routed4);
+#endif
+    return x + i;
+  }
   // inputs 4 i .. 4 i + 3, a down task's without their combine weight
   __device__ __forceinline__ float4 unweighted(int i) const {
 #if FFN_SPLIT_K
     if (fixed) return fixed4(reinterpret_cast<const float*>(x), i);
 #endif
-#if MOE_SHARED_K
-    if (combine && i >= routed4) return __ldcg(shared + (i - routed4));
-#endif
-    return __ldcg(x + i);
+    return __ldcg(source(i));
   }
   // inputs 4 i .. 4 i + 3
   __device__ __forceinline__ float4 at(int i) const {
@@ -1370,18 +1376,20 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
 // block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A tile
 // task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
 //
-// Two passes, because a block's digits need its largest |x| first. The first copies x (times
-// the norm weight) from L2 as fp32, each chunk's 64 bytes where that chunk's digits go (a
-// chunk's digits take as many bytes as its fp32 values); its loads are independent, as in
-// stage_vector, so they overlap: one round trip to L2 in all. The second converts the chunks
-// in place, from shared memory only: a warp takes STAGE_BLOCKS blocks at a time (those of 4
-// consecutive segments at one column offset), 8 lanes a block and a lane a chunk, the block's
-// largest |x| in 3 shuffles. (Loading, reducing and converting a round at a time waited for
-// L2 once per round: 7.2 us against stage_vector's 2.4 at qwen3-32b's down, K = 25600, 4
-// rounds; tools/stream_probe.py, docs/performance.md.) In the second pass a lane reads its
-// chunk's 16-byte quarters and writes its digits' 4-byte words in rotated orders, so that the
-// 8 lanes of a quarter-warp read 8 different bank groups (two segments of different parity x 4
-// quarters) and a warp's 32 word stores hit 32 banks.
+// Two passes, because a block's digits need its largest |x| first. The first copies x from L2
+// (cp.async: every copy of the task in flight at once, no registers held), each chunk's 64
+// bytes where that chunk's digits go (a chunk's digits take as many bytes as its fp32 values),
+// and a normed task's norm weight past the factors (passes/residency.py leaves room). The
+// second converts the chunks in place: a warp takes STAGE_BLOCKS blocks at a time (those of 4
+// consecutive segments at one column offset), 8 lanes a block and a lane a chunk, times the
+// norm weight, the block's largest |x| in 3 shuffles. (Loading, reducing and converting a round at a time waited for L2 once per
+// round: 7.3 us at qwen3-32b's down, K = 25600, 4 rounds, against stage_vector's 2.4;
+// registers for two loads a thread in flight, 8.7; tools/stream_probe.py,
+// docs/performance.md.) A lane reads its chunk's 16-byte quarters and writes its digits'
+// 4-byte words in rotated orders, so that the 8 lanes of a quarter-warp read 8 different bank
+// groups (two segments of different parity x 4 quarters) and a warp's 32 word stores hit 32
+// banks.
+static_assert(!FFN_SPLIT_K, "split-K FFNs take bf16 weights (passes/fusion.py): no fixed-point tile input");
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
@@ -1392,35 +1400,45 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
   float* __restrict__ factor = s.vec + k;
-  float ss = 0.f;
-  // pass 1: thread ct fills B's 16-byte quarters ct, ct + NT, ... (quarter q of the chunk at
-  // 64 (chunk S + j): columns 16 chunk + 4 q of segment j), with their fp32 values
+  float4* __restrict__ gamma_s = reinterpret_cast<float4*>(factor + blocks);
+  // pass 1: thread ct copies B's 16-byte quarters ct, ct + NT, ... (quarter q of the chunk at
+  // 64 (chunk S + j): columns 16 chunk + 4 q of segment j), and the norm weight's
   for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
     const int at = f >> 2, piece = at / chunks, r = at - piece * chunks;
-    const int col = piece * kp + (r & (S - 1)) * kseg + (r >> sbits) * 16 + 4 * (f & 3), i = col / 4;
-    float4 a = in.unweighted(i);
-    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-    if (norm) {
-      const float4 g = __ldcg(gamma + i);
-      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
-    }
-    reinterpret_cast<float4*>(b)[f] = a;
+    const int col = piece * kp + (r & (S - 1)) * kseg + (r >> sbits) * 16 + 4 * (f & 3);
+    cp_async16(b + 16 * f, in.source(col / 4));
+    if (norm) cp_async16(gamma_s + f, gamma + f);
     // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
-    if (col % FP8_BLOCK_COLS == 0) factor[col / FP8_BLOCK_COLS] = in.pending_weight(i);
+    if (col % FP8_BLOCK_COLS == 0) factor[col / FP8_BLOCK_COLS] = in.pending_weight(col / 4);
   }
-  compute_sync();
   // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
-  // the lane's chunk of it
+  // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
   const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
+  struct Chunk {
+    uint8_t* at;  // its fp32 values, then its digits
+    int blk, i;   // its block; its first 4 columns' index
+  };
+  const auto chunk_of = [&](int first) {
+    const int o = first + bs, piece = o / per_piece, r = o - piece * per_piece, j = r & (S - 1);
+    const int chunk = (r >> sbits) * 8 + c, col = piece * kp + j * kseg + chunk * 16;
+    return Chunk{b + piece * TILE_DIGITS * kp + (chunk * S + j) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
+  };
+  const auto quarter = [&](int u) { return (u + (bs >> 1) + 2 * c) & 3; };
+  cp_async_wait_all();
+  compute_sync();
+  float ss = 0.f;
   for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
-    const int o = first + bs, piece = o / per_piece, r = o - piece * per_piece;
-    const int j = r & (S - 1), blk = piece * per_piece + j * per_segment + (r >> sbits);
-    uint8_t* at = b + piece * TILE_DIGITS * kp + (((r >> sbits) * 8 + c) * S + j) * 16 * TILE_DIGITS;
+    const Chunk ch = chunk_of(first);
     float4 a[4];
     float m = 0.f;
 #pragma unroll
-    for (int u = 0; u < 4; ++u) {  // a[u]: the chunk's quarter (u + bs / 2 + 2 c) % 4
-      a[u] = *reinterpret_cast<const float4*>(at + 16 * ((u + (bs >> 1) + 2 * c) & 3));
+    for (int u = 0; u < 4; ++u) {
+      a[u] = *reinterpret_cast<const float4*>(ch.at + 16 * quarter(u));
+      ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
+      if (norm) {
+        const float4 g = gamma_s[ch.i + quarter(u)];
+        a[u].x *= g.x; a[u].y *= g.y; a[u].z *= g.z; a[u].w *= g.w;
+      }
       m = fmaxf(m, fmaxf(fmaxf(fabsf(a[u].x), fabsf(a[u].y)), fmaxf(fabsf(a[u].z), fabsf(a[u].w))));
     }
 #pragma unroll
@@ -1435,9 +1453,9 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
       const int n = (v + (c >> 1)) & 3;
 #pragma unroll
       for (int u = 0; u < 4; ++u)
-        *reinterpret_cast<uint32_t*>(at + 16 * n + 4 * ((u + (bs >> 1) + 2 * c) & 3)) = digit_word(fc[u], n);
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = digit_word(fc[u], n);
     }
-    if (c == 0) factor[blk] *= __int_as_float((127 + E + 5) << 23);
+    if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
