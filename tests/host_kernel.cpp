@@ -334,7 +334,7 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byt
   return r;
 }
 #endif
-#if MLA
+#if MLA || FP8_MMA
 static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
 static inline void cp_async_wait_all() {}
 #endif

@@ -1389,7 +1389,9 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
 // 4-byte words in rotated orders, so that the 8 lanes of a quarter-warp read 8 different bank
 // groups (two segments of different parity x 4 quarters) and a warp's 32 word stores hit 32
 // banks.
-static_assert(!FFN_SPLIT_K, "split-K FFNs take bf16 weights (passes/fusion.py): no fixed-point tile input");
+#if FFN_SPLIT_K  // its tasks read x as stored (unweighted); a fixed-point input needs converting
+#error "split-K FFNs take bf16 weights (passes/fusion.py), never FP8 tiles"
+#endif
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
