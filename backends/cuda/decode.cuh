@@ -210,6 +210,13 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// prmt.b32: byte i of the result is byte s[4 i .. 4 i + 2] of b:a, or with s[4 i + 3] set that
+// byte's sign bit in all 8 bits (which __byte_perm leaves out). The host harness has its own.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
 #endif
 #if MLA
 // MLA attention's score and value products (mla_chunk) on the tensor cores; the host harness
@@ -1349,24 +1356,22 @@ static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
 __device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
   return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
 }
-// 4 columns x as 16-bit fixed-point magnitudes, two to a word, and their signs (bit 7 of each byte)
+// 4 columns x as 16-bit fixed-point magnitudes M, their nibbles a byte each (lo: nibbles 0
+// and 2 of M0, then of M1 (M2, M3); hi: nibbles 1 and 3), and their signs (0xff or 0 a byte)
 struct FixedColumns {
-  uint32_t m01, m23, sign;
+  uint32_t lo01, hi01, lo23, hi23, sign;
 };
 __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
   const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
-  uint32_t M[4], sign = 0;
+  uint32_t M[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {  // + 2^23 rounds to an integer in the low mantissa bits
-    M[e] = min(__float_as_uint(fabsf(v[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
-    sign |= (__float_as_uint(v[e]) >> 31) << (8 * e + 7);
-  }
-  return {M[0] | M[1] << 16, M[2] | M[3] << 16, sign};
-}
-// digit t of the 4 columns (a byte each, the first column lowest)
-__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
-  const int shift = 12 - 4 * t;
-  return __byte_perm((f.m01 >> shift) & 0x000f000fu, (f.m23 >> shift) & 0x000f000fu, 0x6420) | f.sign;
+  for (int e = 0; e < 4; ++e)  // |x| up + 2^23 holds rint(|x| up) in its low bits; 0x4b00ffff: 2^23 + 0xffff
+    M[e] = min(__float_as_uint(fmaf(fabsf(v[e]), up, 8388608.f)), 0x4b00ffffu);
+  const uint32_t m01 = __byte_perm(M[0], M[1], 0x5410), m23 = __byte_perm(M[2], M[3], 0x5410);
+  const uint32_t s01 = prmt(__float_as_uint(x.x), __float_as_uint(x.y), 0xfb);  // bytes 0, 1
+  const uint32_t s23 = prmt(__float_as_uint(x.z), __float_as_uint(x.w), 0xfb);
+  return {m01 & 0x0f0f0f0fu, (m01 >> 4) & 0x0f0f0f0fu, m23 & 0x0f0f0f0fu, (m23 >> 4) & 0x0f0f0f0fu,
+          __byte_perm(s01, s23, 0x5410)};
 }
 
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
@@ -1396,7 +1401,7 @@ constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
   const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S, kseg = kp / S;
-  const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunks of a piece; log2 S
+  const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunk records of a piece; log2 S
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
@@ -1404,40 +1409,52 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   float* __restrict__ factor = s.vec + k;
   float4* __restrict__ gamma_s = reinterpret_cast<float4*>(factor + blocks);
   // pass 1: thread ct copies B's 16-byte quarters ct, ct + NT, ... (quarter q of the chunk at
-  // 64 (chunk S + j): columns 16 chunk + 4 q of segment j), and the norm weight's
+  // 64 (chunk S + j) of its piece: columns 16 chunk + 4 q of segment j), and the norm weight's;
+  // from one quarter to the thread's next the chunk moves on by NT / 4 / S in the same segment
+  // (a piece's chunks are whole 32s), or past the piece's end into the next piece's
+  static_assert(COMPUTE_WARPS * 32 / 4 % 8 == 0, "a thread's quarters keep their segment");
+  const int q = ct & 3, j = (ct >> 2) & (S - 1);
+  int piece = 0, r = ct >> 2;  // the quarter's chunk record (chunk S + j) within its piece
+  for (; r >= chunks; r -= chunks) ++piece;
   for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
-    const int at = f >> 2, piece = at / chunks, r = at - piece * chunks;
-    const int col = piece * kp + (r & (S - 1)) * kseg + (r >> sbits) * 16 + 4 * (f & 3);
+    const int col = piece * kp + j * kseg + (r >> sbits) * 16 + 4 * q;
     cp_async16(b + 16 * f, in.source(col / 4));
     if (norm) cp_async16(gamma_s + f, gamma + f);
     // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
     if (col % FP8_BLOCK_COLS == 0) factor[col / FP8_BLOCK_COLS] = in.pending_weight(col / 4);
+    for (r += COMPUTE_WARPS * 32 / 4; r >= chunks; r -= chunks) ++piece;
   }
   // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
   // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
   const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
-  struct Chunk {
-    uint8_t* at;  // its fp32 values, then its digits
-    int blk, i;   // its block; its first 4 columns' index
-  };
-  const auto chunk_of = [&](int first) {
-    const int o = first + bs, piece = o / per_piece, r = o - piece * per_piece, j = r & (S - 1);
-    const int chunk = (r >> sbits) * 8 + c, col = piece * kp + j * kseg + chunk * 16;
-    return Chunk{b + piece * TILE_DIGITS * kp + (chunk * S + j) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
-  };
+  // the lane's v-th store of a quarter writes digit (v + c / 2) % 4: nibble 3 - that of each
+  // column, which the lo (odd digits) or hi (even) bytes hold at bytes 1, 3 (digits 0, 1) or
+  // 0, 2 (digits 2, 3)
+  const bool odd_first = (c >> 1) & 1;
+  uint32_t pick[TILE_DIGITS];
+#pragma unroll
+  for (int v = 0; v < TILE_DIGITS; ++v) pick[v] = ((v + (c >> 1)) & 2) ? 0x6420 : 0x7531;
   const auto quarter = [&](int u) { return (u + (bs >> 1) + 2 * c) & 3; };
   cp_async_wait_all();
   compute_sync();
   float ss = 0.f;
+  // the block's place in its piece (o = first + bs), as pass 1's: onward by STAGE_BLOCKS NT / 32
+  piece = 0, r = STAGE_BLOCKS * warp + bs;
+  for (; r >= per_piece; r -= per_piece) ++piece;
   for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
-    const Chunk ch = chunk_of(first);
+    const int jb = r & (S - 1), chunk = (r >> sbits) * 8 + c, col = piece * kp + jb * kseg + chunk * 16;
+    const struct {
+      uint8_t* at;  // the chunk's fp32 values, then its digits
+      int blk, i;   // its block; its first 4 columns' index
+    } ch{b + piece * TILE_DIGITS * kp + (chunk * S + jb) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
+    for (r += STAGE_BLOCKS * COMPUTE_WARPS; r >= per_piece; r -= per_piece) ++piece;
     float4 a[4];
     float m = 0.f;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       a[u] = *reinterpret_cast<const float4*>(ch.at + 16 * quarter(u));
-      ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
-      if (norm) {
+      if (norm) {  // (a task without a norm has no use for the sum of squares)
+        ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
         const float4 g = gamma_s[ch.i + quarter(u)];
         a[u].x *= g.x; a[u].y *= g.y; a[u].z *= g.z; a[u].w *= g.w;
       }
@@ -1446,16 +1463,18 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
 #pragma unroll
     for (int x = 4; x < 32; x <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
     const int E = block_exponent(m);
-    FixedColumns fc[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) fc[u] = fixed_columns(a[u], E);
     // every read of the chunk came first: its digits overwrite it
 #pragma unroll
-    for (int v = 0; v < TILE_DIGITS; ++v) {
-      const int n = (v + (c >> 1)) & 3;
+    for (int u = 0; u < 4; ++u) {
+      const FixedColumns f = fixed_columns(a[u], E);
+      const uint32_t first01 = odd_first ? f.lo01 : f.hi01, first23 = odd_first ? f.lo23 : f.hi23;
+      const uint32_t then01 = odd_first ? f.hi01 : f.lo01, then23 = odd_first ? f.hi23 : f.lo23;
 #pragma unroll
-      for (int u = 0; u < 4; ++u)
-        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = digit_word(fc[u], n);
+      for (int v = 0; v < TILE_DIGITS; ++v) {
+        const uint32_t word = prmt(v % 2 ? then01 : first01, v % 2 ? then23 : first23, pick[v]);
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * ((v + (c >> 1)) & 3) + 4 * quarter(u)) =
+            word | (f.sign & 0x80808080u);
+      }
     }
     if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
   }
