@@ -1420,10 +1420,12 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     const int col = piece * kp + j * kseg + (r >> sbits) * 16 + 4 * q;
     cp_async16(b + 16 * f, in.source(col / 4));
     if (norm) cp_async16(gamma_s + f, gamma + f);
-    // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
-    if (col % FP8_BLOCK_COLS == 0) factor[col / FP8_BLOCK_COLS] = in.pending_weight(col / 4);
     for (r += COMPUTE_WARPS * 32 / 4; r >= chunks; r -= chunks) ++piece;
   }
+  // (a MoE down task's combine weight: the piece's factors carry it, one load a block, while
+  // the copies are in flight)
+  for (int blk = ct; blk < blocks; blk += COMPUTE_WARPS * 32)
+    factor[blk] = in.pending_weight(blk * (FP8_BLOCK_COLS / 4));
   // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
   // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
   const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
