@@ -12,7 +12,8 @@ Decides:
   attention task reads its head's keys contiguously;
 - the input vector of a matrix-vector task is staged in shared memory as fp32, next to its
   row sums (the warps that share a row meet there); an FP8 tile task's as four e4m3 digits
-  per column and a factor per 128-column block, and its pages hold whole tile units; a
+  per column and a factor per 128-column block (and a normed task's norm weight, copied in
+  with its input), and its pages hold whole tile units; a
   split-K FFN task's intermediate slice replaces its staged input there once its gate/up rows
   are done;
 - a split-K FFN's output is a 64-bit fixed-point buffer (`fx64`, two words of the arena per
@@ -34,6 +35,7 @@ from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
+NORMED = ("norm_matvec", "moe_gate_up")  # ops whose tasks normalize their input first
 PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
 # (llama-3.2-1b on the H200: 16 KB pages 1.44 ms/token, 32 KB 1.19, 48 KB 1.12, 64 KB 1.09)
 REDUCTION_FLOATS = 1024  # cross-warp reduction scratch
@@ -132,9 +134,9 @@ def place(program: Program) -> Program:
                 "KV-cache rows must be whole 16-byte pieces for bulk copies"
             )
     # an FP8 tile task stages its input as 4 bytes of digits per column and a factor per
-    # 128-column block (decode.cuh: stage_digits)
-    max_k = max(op.attrs["K"] + (op.attrs["K"] // 128 if is_tiled(program, op) else 0)
-                for op in mv_ops)
+    # 128-column block, and a normed one its norm weight beside them (decode.cuh: stage_digits)
+    max_k = max(op.attrs["K"] * (2 if op.opcode in NORMED else 1) + op.attrs["K"] // 128
+                if is_tiled(program, op) else op.attrs["K"] for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
     # (and, in the task that merges a group, every chunk's max and sum per head and a batch of

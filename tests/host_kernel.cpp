@@ -327,6 +327,15 @@ static inline void wgmma_fence() {}
 static inline void wgmma_commit() {}
 static inline void wgmma_wait_all() {}
 static inline void fence_proxy_async_shared() {}
+static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {  // byte i: byte s[4i..4i+2] of b:a, s[4i+3]: its sign
+  const uint64_t v = static_cast<uint64_t>(b) << 32 | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t sel = (s >> (4 * i)) & 0xf, byte = static_cast<uint32_t>(v >> (8 * (sel & 7))) & 0xff;
+    r |= (sel & 8 ? (byte & 0x80 ? 0xffu : 0u) : byte) << (8 * i);
+  }
+  return r;
+}
 static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte i: byte s[4i..] of y:x
   const uint64_t v = static_cast<uint64_t>(y) << 32 | x;
   uint32_t r = 0;
@@ -334,7 +343,7 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byt
   return r;
 }
 #endif
-#if MLA
+#if MLA || FP8_MMA
 static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
 static inline void cp_async_wait_all() {}
 #endif

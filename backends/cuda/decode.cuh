@@ -210,6 +210,13 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+// prmt.b32: byte i of the result is byte s[4 i .. 4 i + 2] of b:a, or with s[4 i + 3] set that
+// byte's sign bit in all 8 bits (which __byte_perm leaves out). The host harness has its own.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+  return d;
+}
 #endif
 #if MLA
 // MLA attention's score and value products (mla_chunk) on the tensor cores; the host harness
@@ -224,6 +231,8 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#endif
+#if MLA || FP8_MMA
 // 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
 // copies a thread has issued complete by its cp_async_wait_all.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
@@ -1227,15 +1236,19 @@ struct TaskInput {
 #endif
     return 1.f;
   }
+  // where inputs 4 i .. 4 i + 3 are (not in a fixed-point input: see unweighted)
+  __device__ __forceinline__ const float4* source(int i) const {
+#if MOE_SHARED_K
+    if (combine && i >= routed4) return shared + (i - routed4);
+#endif
+    return x + i;
+  }
   // inputs 4 i .. 4 i + 3, a down task's without their combine weight
   __device__ __forceinline__ float4 unweighted(int i) const {
 #if FFN_SPLIT_K
     if (fixed) return fixed4(reinterpret_cast<const float*>(x), i);
 #endif
-#if MOE_SHARED_K
-    if (combine && i >= routed4) return __ldcg(shared + (i - routed4));
-#endif
-    return __ldcg(x + i);
+    return __ldcg(source(i));
   }
   // inputs 4 i .. 4 i + 3
   __device__ __forceinline__ float4 at(int i) const {
@@ -1343,80 +1356,129 @@ static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
 __device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
   return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
 }
-// 4 columns x as 16-bit fixed-point magnitudes, two to a word, and their signs (bit 7 of each byte)
+// 4 columns x as 16-bit fixed-point magnitudes M, their nibbles a byte each (lo: nibbles 0
+// and 2 of M0, then of M1 (M2, M3); hi: nibbles 1 and 3), and their signs (0xff or 0 a byte)
 struct FixedColumns {
-  uint32_t m01, m23, sign;
+  uint32_t lo01, hi01, lo23, hi23, sign;
 };
 __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
   const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
-  uint32_t M[4], sign = 0;
+  uint32_t M[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {  // + 2^23 rounds to an integer in the low mantissa bits
-    M[e] = min(__float_as_uint(fabsf(v[e]) * up + 8388608.f) & 0x7fffffu, 0xffffu);
-    sign |= (__float_as_uint(v[e]) >> 31) << (8 * e + 7);
-  }
-  return {M[0] | M[1] << 16, M[2] | M[3] << 16, sign};
-}
-// digit t of the 4 columns (a byte each, the first column lowest)
-__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int t) {
-  const int shift = 12 - 4 * t;
-  return __byte_perm((f.m01 >> shift) & 0x000f000fu, (f.m23 >> shift) & 0x000f000fu, 0x6420) | f.sign;
+  for (int e = 0; e < 4; ++e)  // |x| up + 2^23 holds rint(|x| up) in its low bits; 0x4b00ffff: 2^23 + 0xffff
+    M[e] = min(__float_as_uint(fmaf(fabsf(v[e]), up, 8388608.f)), 0x4b00ffffu);
+  const uint32_t m01 = __byte_perm(M[0], M[1], 0x5410), m23 = __byte_perm(M[2], M[3], 0x5410);
+  const uint32_t s01 = prmt(__float_as_uint(x.x), __float_as_uint(x.y), 0xfb);  // bytes 0, 1
+  const uint32_t s23 = prmt(__float_as_uint(x.z), __float_as_uint(x.w), 0xfb);
+  return {m01 & 0x0f0f0f0fu, (m01 >> 4) & 0x0f0f0f0fu, m23 & 0x0f0f0f0fu, (m23 >> 4) & 0x0f0f0f0fu,
+          __byte_perm(s01, s23, 0x5410)};
 }
 
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
 // weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
 // n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
 // is 128 S bytes, its k halves 64 S bytes apart, groups of 8 columns 128 B apart); then each
-// block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A warp
-// takes STAGE_BLOCKS 128-column blocks at a time, 8 lanes a block and a lane a chunk: a block's
-// largest |x| in 3 shuffles and a digit's 16 bytes in one store. (A warp a block and a lane 4
-// columns took ~1200 cycles a round of 16 warps, 5 dependent shuffles and 16 bank-conflicted
-// stores a block; tools/stage_round_bench.cu.) A tile task's K (a piece's too) is a multiple of
-// 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+// block's factor 2^(E + 5), times a MoE down piece's combine weight (k / 128 floats). A tile
+// task's K (a piece's too) is a multiple of 512 (tiling.py: _fp8_tiles_fit): whole 4 blocks.
+//
+// Two passes, because a block's digits need its largest |x| first. The first copies x from L2
+// (cp.async: every copy of the task in flight at once, no registers held), each chunk's 64
+// bytes where that chunk's digits go (a chunk's digits take as many bytes as its fp32 values),
+// and a normed task's norm weight past the factors (passes/residency.py leaves room). The
+// second converts the chunks in place: a warp takes STAGE_BLOCKS blocks at a time (those of 4
+// consecutive segments at one column offset), 8 lanes a block and a lane a chunk, times the
+// norm weight, the block's largest |x| in 3 shuffles. (Loading, reducing and converting a round at a time waited for L2 once per
+// round: 7.3 us at qwen3-32b's down, K = 25600, 4 rounds, against stage_vector's 2.4;
+// registers for two loads a thread in flight, 8.7; tools/stream_probe.py,
+// docs/performance.md.) A lane reads its chunk's 16-byte quarters and writes its digits'
+// 4-byte words in rotated orders, so that the 8 lanes of a quarter-warp read 8 different bank
+// groups (two segments of different parity x 4 quarters) and a warp's 32 word stores hit 32
+// banks.
+#if FFN_SPLIT_K  // its tasks read x as stored (unweighted); a fixed-point input needs converting
+#error "split-K FFNs take bf16 weights (passes/fusion.py), never FP8 tiles"
+#endif
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
-  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S;
-  const int warp = ct >> 5, lane = ct & 31, c = lane % 8;  // c: the lane's chunk of its block
+  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S, kseg = kp / S;
+  const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunk records of a piece; log2 S
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
   float* __restrict__ factor = s.vec + k;
+  float4* __restrict__ gamma_s = reinterpret_cast<float4*>(factor + blocks);
+  // pass 1: thread ct copies B's 16-byte quarters ct, ct + NT, ... (quarter q of the chunk at
+  // 64 (chunk S + j) of its piece: columns 16 chunk + 4 q of segment j), and the norm weight's;
+  // from one quarter to the thread's next the chunk moves on by NT / 4 / S in the same segment
+  // (a piece's chunks are whole 32s), or past the piece's end into the next piece's
+  static_assert(COMPUTE_WARPS * 32 / 4 % 8 == 0, "a thread's quarters keep their segment");
+  const int q = ct & 3, j = (ct >> 2) & (S - 1);
+  int piece = 0, r = ct >> 2;  // the quarter's chunk record (chunk S + j) within its piece
+  for (; r >= chunks; r -= chunks) ++piece;
+  for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
+    const int col = piece * kp + j * kseg + (r >> sbits) * 16 + 4 * q;
+    cp_async16(b + 16 * f, in.source(col / 4));
+    if (norm) cp_async16(gamma_s + f, gamma + f);
+    for (r += COMPUTE_WARPS * 32 / 4; r >= chunks; r -= chunks) ++piece;
+  }
+  // (a MoE down task's combine weight: the piece's factors carry it, one load a block, while
+  // the copies are in flight)
+  for (int blk = ct; blk < blocks; blk += COMPUTE_WARPS * 32)
+    factor[blk] = in.pending_weight(blk * (FP8_BLOCK_COLS / 4));
+  // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
+  // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
+  const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
+  // the lane's v-th store of a quarter writes digit (v + c / 2) % 4: nibble 3 - that of each
+  // column, which the lo (odd digits) or hi (even) bytes hold at bytes 1, 3 (digits 0, 1) or
+  // 0, 2 (digits 2, 3)
+  const bool odd_first = (c >> 1) & 1;
+  uint32_t pick[TILE_DIGITS];
+#pragma unroll
+  for (int v = 0; v < TILE_DIGITS; ++v) pick[v] = ((v + (c >> 1)) & 2) ? 0x6420 : 0x7531;
+  const auto quarter = [&](int u) { return (u + (bs >> 1) + 2 * c) & 3; };
+  cp_async_wait_all();
+  compute_sync();
   float ss = 0.f;
+  // the block's place in its piece (o = first + bs), as pass 1's: onward by STAGE_BLOCKS NT / 32
+  piece = 0, r = STAGE_BLOCKS * warp + bs;
+  for (; r >= per_piece; r -= per_piece) ++piece;
   for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
-    const int blk = first + lane / 8, i = blk * (FP8_BLOCK_COLS / 4) + 4 * c;
+    const int jb = r & (S - 1), chunk = (r >> sbits) * 8 + c, col = piece * kp + jb * kseg + chunk * 16;
+    const struct {
+      uint8_t* at;  // the chunk's fp32 values, then its digits
+      int blk, i;   // its block; its first 4 columns' index
+    } ch{b + piece * TILE_DIGITS * kp + (chunk * S + jb) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
+    for (r += STAGE_BLOCKS * COMPUTE_WARPS; r >= per_piece; r -= per_piece) ++piece;
     float4 a[4];
     float m = 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      a[q] = in.unweighted(i + q);
-      ss += a[q].x * a[q].x + a[q].y * a[q].y + a[q].z * a[q].z + a[q].w * a[q].w;
-      if (norm) {
-        const float4 g = __ldcg(gamma + i + q);
-        a[q].x *= g.x; a[q].y *= g.y; a[q].z *= g.z; a[q].w *= g.w;
+    for (int u = 0; u < 4; ++u) {
+      a[u] = *reinterpret_cast<const float4*>(ch.at + 16 * quarter(u));
+      if (norm) {  // (a task without a norm has no use for the sum of squares)
+        ss += a[u].x * a[u].x + a[u].y * a[u].y + a[u].z * a[u].z + a[u].w * a[u].w;
+        const float4 g = gamma_s[ch.i + quarter(u)];
+        a[u].x *= g.x; a[u].y *= g.y; a[u].z *= g.z; a[u].w *= g.w;
       }
-      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[q].x), fabsf(a[q].y)), fmaxf(fabsf(a[q].z), fabsf(a[q].w))));
+      m = fmaxf(m, fmaxf(fmaxf(fabsf(a[u].x), fabsf(a[u].y)), fmaxf(fabsf(a[u].z), fabsf(a[u].w))));
     }
 #pragma unroll
-    for (int o = 4; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    for (int x = 4; x < 32; x <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
     const int E = block_exponent(m);
-    FixedColumns f[4];
+    // every read of the chunk came first: its digits overwrite it
 #pragma unroll
-    for (int q = 0; q < 4; ++q) f[q] = fixed_columns(a[q], E);
-    // (a piece's columns: its own block of digits, as if the task's whole input)
-    const int pb = blk % per_piece, j = pb / per_segment, chunk = pb % per_segment * (FP8_BLOCK_COLS / 16) + c;
-    uint8_t* at = b + blk / per_piece * TILE_DIGITS * kp + chunk * 16 * TILE_DIGITS * S + 16 * TILE_DIGITS * j;
-    // the lanes' chunks are 64 S bytes apart, in the same banks: lane c stores digit c + r in
-    // its r-th store, so that a store spreads over 4 digits' banks (8 wavefronts, not 32)
+    for (int u = 0; u < 4; ++u) {
+      const FixedColumns f = fixed_columns(a[u], E);
+      const uint32_t first01 = odd_first ? f.lo01 : f.hi01, first23 = odd_first ? f.lo23 : f.hi23;
+      const uint32_t then01 = odd_first ? f.hi01 : f.lo01, then23 = odd_first ? f.hi23 : f.lo23;
 #pragma unroll
-    for (int r = 0; r < TILE_DIGITS; ++r) {
-      const int n = (c + r) % TILE_DIGITS;
-      *reinterpret_cast<uint4*>(at + 16 * n) =
-          make_uint4(digit_word(f[0], n), digit_word(f[1], n), digit_word(f[2], n), digit_word(f[3], n));
+      for (int v = 0; v < TILE_DIGITS; ++v) {
+        const uint32_t word = prmt(v % 2 ? then01 : first01, v % 2 ? then23 : first23, pick[v]);
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * ((v + (c >> 1)) & 3) + 4 * quarter(u)) =
+            word | (f.sign & 0x80808080u);
+      }
     }
-    // (a MoE down task's combine weight: the piece's factors carry it, one load a block)
-    if (c == 0) factor[blk] = in.pending_weight(i) * __int_as_float((127 + E + 5) << 23);
+    if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
