@@ -52,6 +52,9 @@ TASK_NS = 2400.0
 # since session 22, which left that model's step time as it was), and 1.0-1.8 us for each
 # further round (session 22 stream probes: llama-3.1-8b's down, K = 14336, against its o_proj;
 # DeepSeek-V3.2's o_proj and dense down, 1.2-1.5 us faster at 2 and 3 rounds than at 8 and 9).
+# Since session 25 the input comes in one round trip (cp.async) and a round is the conversion
+# alone, instruction-bound: qwen3-32b's staging over bf16's copy, 1 round (qkv) +1.0 us, 4
+# (down, K = 25600) +4.0 us (tools/stream_probe.py, docs/performance.md): still ~1 us a round.
 STAGE_BLOCKS = 4
 DIGIT_ROUND_NS = 1000.0
 # The same model's dense FP8 projections as rows on the CUDA cores (`--tune fp8_mma=0`): a
