@@ -1387,13 +1387,13 @@ __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
 // and a normed task's norm weight past the factors (passes/residency.py leaves room). The
 // second converts the chunks in place: a warp takes STAGE_BLOCKS blocks at a time (those of 4
 // consecutive segments at one column offset), 8 lanes a block and a lane a chunk, times the
-// norm weight, the block's largest |x| in 3 shuffles. (Loading, reducing and converting a round at a time waited for L2 once per
-// round: 7.3 us at qwen3-32b's down, K = 25600, 4 rounds, against stage_vector's 2.4;
-// registers for two loads a thread in flight, 8.7; tools/stream_probe.py,
-// docs/performance.md.) A lane reads its chunk's 16-byte quarters and writes its digits'
-// 4-byte words in rotated orders, so that the 8 lanes of a quarter-warp read 8 different bank
-// groups (two segments of different parity x 4 quarters) and a warp's 32 word stores hit 32
-// banks.
+// norm weight, the block's largest |x| in 3 shuffles. (Loading, reducing and converting a round
+// at a time waited for L2 once per round: 7.3 us at qwen3-32b's down, K = 25600, 4 rounds,
+// against stage_vector's 2.4; tools/stream_probe.py, docs/performance.md.) A lane reads its
+// chunk's 16-byte quarters in a rotated order, so that the 8 lanes of a quarter-warp read 8
+// different bank groups (two segments of different parity x 4 quarters); its digit words go
+// to the same 8 banks a store (4-way conflicts: rotating the digits too, which spreads them
+// over 32, cost registers that made the DeepSeek-V3.2 kernels spill).
 #if FFN_SPLIT_K  // its tasks read x as stored (unweighted); a fixed-point input needs converting
 #error "split-K FFNs take bf16 weights (passes/fusion.py), never FP8 tiles"
 #endif
@@ -1429,13 +1429,6 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
   // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
   const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
-  // the lane's v-th store of a quarter writes digit (v + c / 2) % 4: nibble 3 - that of each
-  // column, which the lo (odd digits) or hi (even) bytes hold at bytes 1, 3 (digits 0, 1) or
-  // 0, 2 (digits 2, 3)
-  const bool odd_first = (c >> 1) & 1;
-  uint32_t pick[TILE_DIGITS];
-#pragma unroll
-  for (int v = 0; v < TILE_DIGITS; ++v) pick[v] = ((v + (c >> 1)) & 2) ? 0x6420 : 0x7531;
   const auto quarter = [&](int u) { return (u + (bs >> 1) + 2 * c) & 3; };
   cp_async_wait_all();
   compute_sync();
@@ -1469,13 +1462,10 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const FixedColumns f = fixed_columns(a[u], E);
-      const uint32_t first01 = odd_first ? f.lo01 : f.hi01, first23 = odd_first ? f.lo23 : f.hi23;
-      const uint32_t then01 = odd_first ? f.hi01 : f.lo01, then23 = odd_first ? f.hi23 : f.lo23;
 #pragma unroll
-      for (int v = 0; v < TILE_DIGITS; ++v) {
-        const uint32_t word = prmt(v % 2 ? then01 : first01, v % 2 ? then23 : first23, pick[v]);
-        *reinterpret_cast<uint32_t*>(ch.at + 16 * ((v + (c >> 1)) & 3) + 4 * quarter(u)) =
-            word | (f.sign & 0x80808080u);
+      for (int n = 0; n < TILE_DIGITS; ++n) {  // digit n: nibble 3 - n, in hi (n even) or lo
+        const uint32_t word = prmt(n % 2 ? f.lo01 : f.hi01, n % 2 ? f.lo23 : f.hi23, n & 2 ? 0x6420 : 0x7531);
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = word | (f.sign & 0x80808080u);
       }
     }
     if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
