@@ -15,9 +15,11 @@
 //   noshfl     each lane's own largest |x| instead of the block's (wrong digits: timing only)
 //   nostore    the words XORed into a register written once at the end (timing only)
 //   spin       base with the polling warp
-//   chunks     decode.cuh's stage_digits since: 4 blocks a warp, 8 lanes a block, a lane 16
-//              columns (3 shuffles a block, one 16-byte store a digit, the stores' digits
-//              rotated by lane against bank conflicts)
+//   chunks     decode.cuh's stage_digits of sessions 22-24: 4 blocks a warp, 8 lanes a block, a
+//              lane 16 columns (3 shuffles a block, one 16-byte store a digit, the stores'
+//              digits rotated by lane against bank conflicts). Since session 25 the kernel
+//              copies x in first (cp.async) and converts it in place with cheaper digit words
+//              (docs/performance.md, session 25); this benchmark keeps the earlier rounds.
 //
 // base, nodiv and chunks must give the same digits (checked: a checksum of the staged bytes).
 // Results: docs/performance.md, session 22. Build and run (on an H200):
