@@ -35,7 +35,9 @@ from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
-NORMED = ("norm_matvec", "moe_gate_up")  # ops whose tasks normalize their input first
+# the tiled ops whose tasks normalize their input first (decode.cuh: normed; its third,
+# ffn_split_k, takes bf16 weights only, never tiles)
+NORMED = ("norm_matvec", "moe_gate_up")
 PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
 # (llama-3.2-1b on the H200: 16 KB pages 1.44 ms/token, 32 KB 1.19, 48 KB 1.12, 64 KB 1.09)
 REDUCTION_FLOATS = 1024  # cross-warp reduction scratch

@@ -1400,7 +1400,7 @@ __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
-  const int per_piece = kp / FP8_BLOCK_COLS, per_segment = per_piece / S, kseg = kp / S;
+  const int per_piece = kp / FP8_BLOCK_COLS, kseg = kp / S;
   const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunk records of a piece; log2 S
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
@@ -1426,23 +1426,25 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   // the copies are in flight)
   for (int blk = ct; blk < blocks; blk += COMPUTE_WARPS * 32)
     factor[blk] = in.pending_weight(blk * (FP8_BLOCK_COLS / 4));
-  // pass 2: the warp's block o + bs (o: its segment j0 + bs's block at column offset pbs), c:
+  // pass 2: a piece's blocks taken in the order (column offset, segment), so that a warp's 4
+  // blocks of a round lie in 4 consecutive segments; lane bs takes the round's block bs, c is
   // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
   const int warp = ct >> 5, lane = ct & 31, bs = lane & 3, c = lane >> 2;
   const auto quarter = [&](int u) { return (u + (bs >> 1) + 2 * c) & 3; };
   cp_async_wait_all();
   compute_sync();
   float ss = 0.f;
-  // the block's place in its piece (o = first + bs), as pass 1's: onward by STAGE_BLOCKS NT / 32
-  piece = 0, r = STAGE_BLOCKS * warp + bs;
-  for (; r >= per_piece; r -= per_piece) ++piece;
+  // the block's piece and place in that order (segment o % S, column offset o / S), moving on
+  // as pass 1's chunk records do
+  int bpiece = 0, o = STAGE_BLOCKS * warp + bs;
+  for (; o >= per_piece; o -= per_piece) ++bpiece;
   for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
-    const int jb = r & (S - 1), chunk = (r >> sbits) * 8 + c, col = piece * kp + jb * kseg + chunk * 16;
+    const int jb = o & (S - 1), chunk = (o >> sbits) * 8 + c, col = bpiece * kp + jb * kseg + chunk * 16;
     const struct {
       uint8_t* at;  // the chunk's fp32 values, then its digits
       int blk, i;   // its block; its first 4 columns' index
-    } ch{b + piece * TILE_DIGITS * kp + (chunk * S + jb) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
-    for (r += STAGE_BLOCKS * COMPUTE_WARPS; r >= per_piece; r -= per_piece) ++piece;
+    } ch{b + bpiece * TILE_DIGITS * kp + (chunk * S + jb) * 16 * TILE_DIGITS, col / FP8_BLOCK_COLS, col / 4};
+    for (o += STAGE_BLOCKS * COMPUTE_WARPS; o >= per_piece; o -= per_piece) ++bpiece;
     float4 a[4];
     float m = 0.f;
 #pragma unroll
