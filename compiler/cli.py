@@ -110,7 +110,8 @@ WEIGHT_DTYPE = click.option(
                    "page_kb, page_groups, attn_chunks (attention's context chunks per KV or "
                    "head group, at most), ffn_split_k=1 (each dense MLP as one split-K op), or "
                    "fp8_mma=0 (FP8 projections as rows on the CUDA cores, not tiles on the tensor "
-                   "cores).")
+                   "cores), or ready_digits=1 (FP8 tile inputs written as digits by their "
+                   "producers).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:
@@ -305,8 +306,8 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
               "table and timeline.png.")
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="Compile with a schedule knob set (compute_warps, page_kb, page_groups, "
-                   "attn_chunks, ffn_split_k=0/1, fp8_mma=0/1) instead of the passes' choice "
-                   "(repeatable).")
+                   "attn_chunks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1) instead of the "
+                   "passes' choice (repeatable).")
 @click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",
               help="Compile and time one kernel per backend, e.g. cuda,tilelang; the first is "
                    "reported as tilertc, the others as tilertc-BACKEND.")

@@ -55,6 +55,9 @@ class CompileOptions:
     # CUDA backend; faster in every model measured, docs/performance.md); True: asked for, and
     # refused where it cannot run; False: rows only.
     fp8_mma: bool | None = None
+    # FP8 tile tasks' inputs written as digits by the projection that makes them, instead of
+    # converted by every consumer (passes/digits.py); off until measured on the GPU.
+    ready_digits: bool = False
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -65,8 +68,9 @@ class CompileOptions:
 
 # CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
 # among them are on or off
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma")
-TUNING_FLAGS = ("ffn_split_k", "fp8_mma")
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma",
+                "ready_digits")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits")
 
 
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tilertc.ir.build import build_graph
 from tilertc.ir.target import Target, get_target
 from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.digits import ready_digits
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack
 from tilertc.passes.program import Program
@@ -19,6 +20,7 @@ PASSES = [
     shard,  # per-rank shard of every op under tensor parallelism
     fuse,  # elementwise work into matrix-vector ops and attention
     tile,  # tasks per fused op, balanced bytes per SM
+    ready_digits,  # FP8 tile inputs written as digits by their producers
     place,  # buffers, weight ring depth, shared-memory plan
     assign_roles,  # loader / compute warps
     schedule,  # tasks onto SMs, per-SM streams
@@ -32,7 +34,7 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
-    `attn_chunks`, `ffn_split_k`, `fp8_mma`), for experiments."""
+    `attn_chunks`, `ffn_split_k`, `fp8_mma`, `ready_digits`), for experiments."""
     program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
     program.config["tuning"] = dict(tuning or {})
     for run in PASSES:

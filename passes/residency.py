@@ -30,6 +30,7 @@ from __future__ import annotations
 from tilertc.ir.fp8 import tile_unit_bytes
 from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
+from tilertc.passes.digits import digits_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
 from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
@@ -104,6 +105,17 @@ def _staged_floats(program: Program) -> int:
     return max(need)
 
 
+def _tile_staged_floats(op) -> int:
+    """Shared memory (fp32 words) of an FP8 tile task's input: 4 bytes of digits per column
+    and a factor per 128-column block; a normed task's norm weight beside them
+    (decode.cuh: stage_digits), or, where its producer made the digits, the rest of their
+    buffer, copied in with them (passes/digits.py, decode.cuh: stage_ready_digits)."""
+    k = op.attrs["K"]
+    if op.attrs.get("ready_digits"):
+        return k // 128 + digits_floats(op)
+    return k * (2 if op.opcode in NORMED else 1) + k // 128
+
+
 def _most_rows(op) -> int:
     """The most output rows a task of a matrix-vector op has."""
     tile = op.attrs["tile"]
@@ -135,10 +147,8 @@ def place(program: Program) -> Program:
                 f"op {op.name!r}: head_dim {op.attrs['head_dim']} is not a multiple of 8; "
                 "KV-cache rows must be whole 16-byte pieces for bulk copies"
             )
-    # an FP8 tile task stages its input as 4 bytes of digits per column and a factor per
-    # 128-column block, and a normed one its norm weight beside them (decode.cuh: stage_digits)
-    max_k = max(op.attrs["K"] * (2 if op.opcode in NORMED else 1) + op.attrs["K"] // 128
-                if is_tiled(program, op) else op.attrs["K"] for op in mv_ops)
+    max_k = max(_tile_staged_floats(op) if is_tiled(program, op) else op.attrs["K"]
+                for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
     # (and, in the task that merges a group, every chunk's max and sum per head and a batch of
@@ -254,6 +264,11 @@ def place(program: Program) -> Program:
         part = partials_floats(lm[0].attrs["rows"], n)
         program.buffers["sample_partials"] = Buffer("sample_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
+    for op in g.ops():  # one per consumer: each layer's, as every activation has its own
+        if op.attrs.get("ready_digits"):
+            name, n = f"{op.name}.digits", digits_floats(op)
+            program.buffers[name] = Buffer(name, act_off, n, "fp32", "act")
+            act_off += _align(n)
     act_off = _exchange_buffers(program, act_off)
     program.config.update(act_arena=act_off, kv_arena=kv_off)
     program.decide(

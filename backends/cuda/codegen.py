@@ -275,6 +275,8 @@ def constants(program: Program) -> dict[str, object]:
     # FFN_SPLIT_K 0 otherwise), so that other kernels are what they were without it.
     split_k = any(op.opcode == "ffn_split_k" for op in program.graph.ops())
     ffn = {"FFN_SPLIT_K": 1, "FIXED_FRAC_BITS": FIXED_FRAC_BITS} if split_k else {}
+    # and the ready digits' (passes/digits.py) only in kernels whose schedule has them
+    ready = any(op.attrs.get("ready_digits") for op in program.graph.ops())
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -287,6 +289,7 @@ def constants(program: Program) -> dict[str, object]:
         "VOCAB": spec.vocab_size,
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),
         **ffn,
+        **({"READY_DIGITS": 1} if ready else {}),
         "SAMPLE_K": K_MAX,
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),

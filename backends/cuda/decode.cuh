@@ -18,6 +18,9 @@
 #ifndef FP8_MMA  // the prelude defines it in FP8 kernels compiled with --tune fp8_mma=1
 #define FP8_MMA 0
 #endif
+#ifndef READY_DIGITS  // the prelude defines it where producers write FP8 tile inputs' digits
+#define READY_DIGITS 0
+#endif
 
 namespace tilertc {
 
@@ -57,6 +60,12 @@ enum Field : int {
   F_FIXED_IN,       // 1: F_IN (a norm_matvec's input) is a fixed-point buffer
   F_FIXED_RES,      // 1: F_AUX (a matvec_add's residual) is a fixed-point buffer
   F_FIXED_OUT,      // a matvec_add: act offset of the fixed-point start value it also writes; -1: none
+#endif
+#if READY_DIGITS  // passes/digits.py: an FP8 tile task's input made as digits by its producer
+  F_DIGITS_IN,      // act offset of the digits this task reads in place of its input; -1: none
+  F_DIGITS_OUT,     // act offset of the digits this task writes of its rows for their consumer; -1: none
+  F_DIGITS_K,       // that consumer's input length
+  F_DIGITS_GAMMA,   // that consumer's norm weight (act offset); -1: it does not normalize
 #endif
 #if TP > 1  // a task that exchanges with the other ranks (tensor parallelism, see exchange)
   F_XCHG,         // its exchange counter, -1: none
@@ -1374,6 +1383,11 @@ __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
           __byte_perm(s01, s23, 0x5410)};
 }
 
+// Digit n (nibble 3 - n of each M, with x's sign) of fixed_columns' 4 columns, a byte each
+__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int n) {
+  return prmt(n % 2 ? f.lo01 : f.hi01, n % 2 ? f.lo23 : f.hi23, n & 2 ? 0x6420 : 0x7531) | (f.sign & 0x80808080u);
+}
+
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
 // weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
 // n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
@@ -1465,16 +1479,112 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     for (int u = 0; u < 4; ++u) {
       const FixedColumns f = fixed_columns(a[u], E);
 #pragma unroll
-      for (int n = 0; n < TILE_DIGITS; ++n) {  // digit n: nibble 3 - n, in hi (n even) or lo
-        const uint32_t word = prmt(n % 2 ? f.lo01 : f.hi01, n % 2 ? f.lo23 : f.hi23, n & 2 ? 0x6420 : 0x7531);
-        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = word | (f.sign & 0x80808080u);
-      }
+      for (int n = 0; n < TILE_DIGITS; ++n)
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = digit_word(f, n);
     }
     if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
 }
+
+#if READY_DIGITS
+// ---- Ready digits (passes/digits.py) ---------------------------------------------------------
+// A producer of an FP8 tile task's input writes that input's digits (stage_digits' layout) for
+// its own rows, each group of DIGIT_GROUP rows with its own exponent E = 4 q, the least multiple
+// of 4 above its largest |x| (a block's groups come from several tasks, none of which knows the
+// block's largest |x|), and q as an int8 per group; for a normalizing consumer also each group's
+// sum of squares. The consumer copies them in and aligns each block's groups on its largest q
+// by whole digits (stage_ready_digits). The buffer: 4 k digit bytes, k / 8 exponents, (k / 8
+// sums).
+constexpr int DIGIT_GROUP = 8;
+
+// Where digit n of column c of a one-piece tile input of k columns lies (stage_digits' layout).
+__device__ __forceinline__ int digit_byte(int k, int c, int n) {
+  const int S = tile_segments(k), kseg = k / S, j = c / kseg, o = c - j * kseg;
+  return ((o >> 4) * S + j) * 64 + 16 * n + (o & 15);
+}
+
+// A producer's rows as its consumer's digits, after its epilogue left each row's value y in
+// s.acc[i * halves]: a thread a group (the pass makes a task's rows whole groups).
+__device__ void put_ready_digits(const Params& p, Shared& s, const int* t, int rows, int halves, int ct) {
+  compute_sync();
+  const int k = t[F_DIGITS_K];
+  uint8_t* __restrict__ digits = reinterpret_cast<uint8_t*>(p.act + t[F_DIGITS_OUT]);
+  int8_t* __restrict__ exps = reinterpret_cast<int8_t*>(digits + 4 * k);
+  float* __restrict__ sums = reinterpret_cast<float*>(exps + k / DIGIT_GROUP);
+  const bool norm = t[F_DIGITS_GAMMA] >= 0;
+  const float* __restrict__ gamma = p.act + t[F_DIGITS_GAMMA];
+  for (int g = ct; g < rows / DIGIT_GROUP; g += COMPUTE_WARPS * 32) {
+    const int c = t[F_ROW0] + DIGIT_GROUP * g;
+    float v[DIGIT_GROUP], m = 0.f, ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < DIGIT_GROUP; ++e) {
+      const float y = s.acc[(DIGIT_GROUP * g + e) * halves];
+      ss += y * y;
+      v[e] = norm ? y * gamma[c + e] : y;
+      m = fmaxf(m, fabsf(v[e]));
+    }
+    const int q = (block_exponent(m) + 3) >> 2;
+    const FixedColumns lo = fixed_columns(make_float4(v[0], v[1], v[2], v[3]), 4 * q);
+    const FixedColumns hi = fixed_columns(make_float4(v[4], v[5], v[6], v[7]), 4 * q);
+#pragma unroll
+    for (int n = 0; n < TILE_DIGITS; ++n)
+      __stcg(reinterpret_cast<unsigned long long*>(digits + digit_byte(k, c, n)),
+             digit_word(lo, n) | static_cast<unsigned long long>(digit_word(hi, n)) << 32);
+    __stcg(exps + c / DIGIT_GROUP, static_cast<int8_t>(q));
+    if (norm) __stcg(sums + c / DIGIT_GROUP, ss);
+  }
+}
+
+// Stages a ready-digit task's input: its digits, the groups' exponents and (normed) sums of
+// squares copied in (one round trip), then per 128-column block, a thread each, the groups
+// below the block's largest q moved down by q_block - q digits (the lowest dropped) and the
+// block's factor 2^(4 q_block + 5), as stage_digits' 2^(E + 5).
+__device__ void stage_ready_digits(const Params& p, Shared& s, const int* t, int ct) {
+  constexpr int NT = COMPUTE_WARPS * 32, PER_BLOCK = FP8_BLOCK_COLS / DIGIT_GROUP;
+  static_assert(PER_BLOCK == 16, "a block's exponents are one 16-byte load");
+  const int k = t[F_K], blocks = k / FP8_BLOCK_COLS, groups = k / DIGIT_GROUP, digits16 = k / 4;
+  const bool norm = normed(t);
+  const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(p.act + t[F_DIGITS_IN]);
+  uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);
+  float* __restrict__ factor = s.vec + k;
+  uint8_t* __restrict__ side = reinterpret_cast<uint8_t*>(factor + blocks);  // exponents, then sums
+  for (int f = ct; f < digits16 + groups * (norm ? 5 : 1) / 16; f += NT)
+    cp_async16(f < digits16 ? b + 16 * f : side + 16 * (f - digits16), src + 16 * f);
+  cp_async_wait_all();
+  compute_sync();
+  float ss = 0.f;
+  for (int g = ct; norm && g < groups; g += NT) ss += reinterpret_cast<const float*>(side + groups)[g];
+  for (int blk = ct; blk < blocks; blk += NT) {
+    const uint4 word = reinterpret_cast<const uint4*>(side)[blk];
+    int8_t q[PER_BLOCK];
+    memcpy(q, &word, sizeof q);
+    int top = q[0];
+#pragma unroll
+    for (int g = 1; g < PER_BLOCK; ++g) top = max(top, int(q[g]));
+#pragma unroll
+    for (int g = 0; g < PER_BLOCK; ++g) {
+      const int shift = top - q[g];
+      if (shift == 0) continue;
+      uint8_t* at = b + digit_byte(k, (PER_BLOCK * blk + g) * DIGIT_GROUP, 0);
+      unsigned long long d[TILE_DIGITS];
+#pragma unroll
+      for (int n = 0; n < TILE_DIGITS; ++n) d[n] = *reinterpret_cast<const unsigned long long*>(at + 16 * n);
+#pragma unroll
+      for (int n = 0; n < TILE_DIGITS; ++n) {
+        unsigned long long moved = 0;
+#pragma unroll
+        for (int from = 0; from < n; ++from) moved = from == n - shift ? d[from] : moved;
+        *reinterpret_cast<unsigned long long*>(at + 16 * n) = moved;
+      }
+    }
+    factor[blk] = __int_as_float((127 + 4 * top + 5) << 23);
+  }
+  fence_proxy_async_shared();
+  end_staging(s, t, ss, ct);
+}
+#endif
 #endif
 
 // The loop every row format shares: a segment's 4-column groups [2 begin, 2 end) of N rows of
@@ -1957,6 +2067,11 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
 #endif
   const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
   // staging ends with a barrier, which also covers the zeroing above
+#if READY_DIGITS
+  if (t[F_DIGITS_IN] >= 0)
+    stage_ready_digits(p, s, t, ct);
+  else
+#endif
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES)
     stage_digits(p, s, t, ct);
@@ -1980,6 +2095,9 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     }
 #endif
     __stcg(out + row0 + i, y);
+#if READY_DIGITS  // for put_ready_digits (only this thread reads the row's sums)
+    if (t[F_DIGITS_OUT] >= 0) s.acc[i * halves] = y;
+#endif
 #if FFN_SPLIT_K  // the start value of a split-K FFN's sum
     if (t[F_FIXED_OUT] >= 0) __stcg(reinterpret_cast<long long*>(p.act + t[F_FIXED_OUT]) + row0 + i, to_fixed(y));
 #endif
@@ -1989,6 +2107,9 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
     }
   }
   if (epi == EPI_ARGMAX) write_best(p, s, t, best, best_row, ct);  // of the logits
+#if READY_DIGITS
+  if (t[F_DIGITS_OUT] >= 0) put_ready_digits(p, s, t, rows, halves, ct);
+#endif
 }
 
 // lm_head, after its greedy (max logit, row) pair was written: temperature-only sampling

@@ -43,6 +43,11 @@ DSA_FIELDS = ("norm_bias",)
 # (`fixed_in`) or residual (`fixed_res`) is one, and the act offset of the start value of one a
 # matvec_add also writes (`fixed_out`, -1: none).
 FFN_FIELDS = ("fixed_in", "fixed_res", "fixed_out")
+# Ready digits (passes/digits.py): act offset of the digits a consumer reads in place of its
+# input (`digits_in`, -1: none); a producer's: the act offset it writes its consumer's digits
+# to (`digits_out`, -1: none), that consumer's input length (`digits_k`) and norm weight
+# (`digits_gamma`, -1: none).
+DIGIT_FIELDS = ("digits_in", "digits_out", "digits_k", "digits_gamma")
 # Tensor parallelism: a task that exchanges with the other ranks (an all-reducing op's, the
 # sampler) arrives on exchange counter `xchg` of every rank after writing its part into its
 # rank's slot of the receive buffer at act offset `xchg_buf` (slots `xchg_stride` floats
@@ -104,7 +109,8 @@ def fields(program: Program) -> tuple[str, ...]:
     """The task table's columns for this program (decode.cuh compiles the MoE ones when
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
     the MLA ones when there is MLA attention (and with FP8 weights the MLA FP8 ones), the DSA
-    ones with an indexer, the FFN ones with a split-K FFN, the TP ones under tp > 1)."""
+    ones with an indexer, the FFN ones with a split-K FFN, the digit ones with ready digits,
+    the TP ones under tp > 1)."""
     ops = program.graph.ops()
     opcodes = {op.opcode for op in ops}
     shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
@@ -115,6 +121,7 @@ def fields(program: Program) -> tuple[str, ...]:
             + (MLA_FIELDS if mla else ()) + (MLA_FP8_FIELDS if mla and fp8 else ())
             + (DSA_FIELDS if "dsa_score" in opcodes else ())
             + (FFN_FIELDS if "ffn_split_k" in opcodes else ())
+            + (DIGIT_FIELDS if any(op.attrs.get("ready_digits") for op in ops) else ())
             + (TP_FIELDS if program.tp > 1 else ()))
 
 
@@ -208,6 +215,8 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
         row["route"] = -1
     if "fixed_out" in row:
         row.update(_fixed_fields(program, op))
+    if "digits_in" in row:
+        row.update(_digit_fields(program, op))
     row.update(
         opcode=OPCODES[t.opcode],
         row0=t.rows[0],
@@ -309,6 +318,18 @@ def _fixed_fields(program: Program, op) -> dict[str, int]:
     return {"fixed_in": fixed(0) if op.opcode == "norm_matvec" else 0,
             "fixed_res": fixed(2) if op.opcode == "matvec_add" else 0,
             "fixed_out": _offset(program, start) if start else -1}
+
+
+def _digit_fields(program: Program, op) -> dict[str, int]:
+    """DIGIT_FIELDS of any task of `op` (see there)."""
+    out = {"digits_in": _offset(program, f"{op.name}.digits") if op.attrs.get("ready_digits")
+           else -1, "digits_out": -1, "digits_gamma": -1}
+    if "digits_for" in op.attrs:
+        user = program.graph.op(op.attrs["digits_for"])
+        out.update(digits_out=_offset(program, f"{user.name}.digits"), digits_k=user.attrs["K"])
+        if user.opcode == "norm_matvec":
+            out["digits_gamma"] = _offset(program, user.inputs[1])
+    return out
 
 
 def counter_index(program: Program) -> dict[str, int]:

@@ -1,0 +1,80 @@
+"""Ready digits: which FP8 tile tasks read their input as digits that its producer wrote.
+
+An FP8 tile task multiplies its weights with its input as four e4m3 digits per column
+(decode.cuh: stage_digits). Converting the input is instruction-bound and every SM that runs a
+task of the op converts all of it: on an H200, 2.7 µs a task and ~0.68 ms of qwen3-32b's
+12 ms token, all of it on the critical path (docs/performance.md, session 26). Where the input
+is the whole output of one tiled dense projection, that projection's tasks can write the digits
+of their own rows instead, once, beside the fp32 values, and the consumer only copies them in.
+
+A block of 128 columns needs one exponent for the wgmma fold, but its rows come from several
+producer tasks, and none knows the others' values. So a producer digitizes each 8 rows (a
+group; tiled tasks own whole groups) with its own exponent rounded up to a multiple of 4: one
+nibble-digit position. The consumer takes a block's largest group exponent and moves every
+other group's digits down by whole digit positions, which keeps each value to 2^-13 of its
+block's largest |x| or better (stage_digits: 2^-17). A group's exponent and, where the
+consumer normalizes its input, its sum of squares go into the same buffer
+(decode.cuh: put_ready_digits, stage_ready_digits).
+
+Decides, with the `ready_digits` knob on: for each tiled `norm_matvec` / `matvec_add` whose
+input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op
+takes that output as its input, that the producer writes the consumer's digits (`digits_for`) and the
+consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
+buffer `<consumer>.digits`.
+"""
+
+from __future__ import annotations
+
+from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.tiling import DENSE_PROJECTIONS, is_tiled
+
+GROUP_ROWS = 8  # rows a producer digitizes with one exponent (decode.cuh: DIGIT_GROUP)
+
+
+def digits_floats(op) -> int:
+    """fp32 words of a ready-digit consumer's buffer: 4 digit bytes per column, an int8
+    exponent per group, and a normalizing consumer's per-group sums of squares."""
+    k = op.attrs["K"]
+    return k + k // GROUP_ROWS // 4 + (k // GROUP_ROWS if op.opcode == "norm_matvec" else 0)
+
+
+def _producer(program: Program, op):
+    """The one tiled dense projection whose whole output `op` reads, or None."""
+    g = program.graph
+    x = op.inputs[0]
+    if op.attrs.get("in_offset"):
+        return None
+    src = [o for o in g.producers(op.name) if x in o.outputs]
+    if len(src) != 1 or src[0].opcode not in DENSE_PROJECTIONS or src[0].outputs[0] != x:
+        return None
+    src = src[0]
+    if not is_tiled(program, src) or src.attrs["rows"] != op.attrs["K"]:
+        return None
+    # (a matvec_add that adds x as its residual reads its fp32 values, which stay)
+    readers = [o for o in g.consumers(src.name) if o.inputs[0] == x and is_tiled(program, o)]
+    return src if readers == [op] else None
+
+
+def ready_digits(program: Program) -> Program:
+    if not program.config["tuning"].get("ready_digits"):
+        return program
+    if not program.spec.weight_format.is_fp8 or program.tp > 1:
+        raise ScheduleError("ready_digits has the producers of FP8 tile tasks' inputs write "
+                            "their digits: it needs FP8 tiles (--weight-dtype fp8, --tp 1)")
+    pairs = []
+    for op in program.graph.ops():
+        if op.opcode not in DENSE_PROJECTIONS or not is_tiled(program, op):
+            continue
+        src = _producer(program, op)
+        if src is None:
+            continue
+        if any((t.rows[1] - t.rows[0]) % GROUP_ROWS or t.rows[0] % GROUP_ROWS
+               for t in program.tasks_of(src.name)):
+            raise ScheduleError(f"op {src.name!r}: a task's rows are not whole groups of "
+                                f"{GROUP_ROWS}, which ready digits need")
+        src.attrs["digits_for"] = op.name
+        op.attrs["ready_digits"] = True
+        pairs.append(f"{src.name} -> {op.name}")
+    program.decide("digits", f"{len(pairs)} FP8 tile inputs made as digits by their producer"
+                   + (f" ({pairs[0]}, ...)" if pairs else ""))
+    return program
