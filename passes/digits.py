@@ -10,16 +10,15 @@ of their own rows instead, once, beside the fp32 values, and the consumer only c
 A block of 128 columns needs one exponent for the wgmma fold, but its rows come from several
 producer tasks, and none knows the others' values. So a producer digitizes each 8 rows (a
 group; tiled tasks own whole groups) with its own exponent rounded up to a multiple of 4: one
-nibble-digit position. The consumer takes a block's largest group exponent and moves every
-other group's digits down by whole digit positions, which keeps each value to 2^-13 of its
-block's largest |x| or better (stage_digits: 2^-17). A group's exponent and, where the
-consumer normalizes its input, its sum of squares go into the same buffer
-(decode.cuh: put_ready_digits, stage_ready_digits).
+digit position. The consumer takes a block's largest group exponent and moves every other
+group's digits down by whole digits: each value is kept to 2^-12 of its block's largest |x|
+(stage_digits: 2^-16). A group's exponent and, where the consumer normalizes its input, its sum
+of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_digits).
 
 Decides, with the `ready_digits` knob on: for each tiled `norm_matvec` / `matvec_add` whose
-input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op
-takes that output as its input, that the producer writes the consumer's digits (`digits_for`) and the
-consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
+input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
+that output as its input, that the producer writes the consumer's digits (`digits_for`) and
+the consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
 buffer `<consumer>.digits`.
 """
 
