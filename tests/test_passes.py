@@ -30,9 +30,10 @@ from tilertc.passes.cost import (
     op_times_ns,
     predicted_task_ns,
 )
+from tilertc.passes.digits import digits_floats
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack, static_bytes
-from tilertc.passes.pipeline import PASSES
+from tilertc.passes.pipeline import PASSES, make_program
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import place
 from tilertc.passes.roles import assign_roles
@@ -438,3 +439,33 @@ def test_sharding_splits_mla_heads_and_keeps_the_latent_path_replicated() -> Non
     assert t["layers.0.self_attn.q_a_proj"].shape == (1536, 7168)  # replicated
     assert t["layers.0.self_attn.indexer.wq_b"].shape == (64 * 128, 1536)
     assert after.graph.op("layers.0.attention").attrs["n_heads"] == 16
+
+
+# -- ready digits ------------------------------------------------------------------------------
+
+def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_input() -> None:
+    """Before / after the knob: without it no op reads ready digits; with it every FP8 tile
+    projection whose input is one tiled projection's whole output (all but the first layer's
+    qkv, whose input the embedding makes) reads that producer's digits from a buffer of its
+    own, and the kernel is compiled with them."""
+    spec = with_weight_dtype(load_spec("llama-3.1-8b"), "fp8")
+    off, on = make_program(spec), make_program(spec, tuning={"ready_digits": True})
+    assert not any(op.attrs.get("ready_digits") or "digits_for" in op.attrs
+                   for op in off.graph.ops())
+    ready = {op.name for op in on.graph.ops() if op.attrs.get("ready_digits")}
+    made_by = {op.attrs["digits_for"]: op.name for op in on.graph.ops() if "digits_for" in op.attrs}
+    assert made_by.keys() == ready
+    assert len(ready) == 3 * spec.num_layers - 1 and "layers.0.qkv_proj" not in ready
+    assert made_by["layers.3.ffn.gate_up_proj"] == "layers.3.o_proj"
+    assert made_by["layers.3.ffn.down_proj"] == "layers.3.ffn.gate_up_proj"
+    assert made_by["layers.4.qkv_proj"] == "layers.3.ffn.down_proj"
+    for name in ready:
+        assert on.buffers[f"{name}.digits"].numel == digits_floats(on.graph.op(name))
+    assert constants(on)["READY_DIGITS"] == 1 and "READY_DIGITS" not in constants(off)
+
+
+@pytest.mark.parametrize(("weight_dtype", "tp"), [("bf16", 1), ("fp8", 2)])
+def test_ready_digits_without_fp8_tiles_are_refused(weight_dtype: str, tp: int) -> None:
+    spec = with_weight_dtype(load_spec("llama-3.1-8b"), weight_dtype)
+    with pytest.raises(ScheduleError, match="ready_digits .* needs FP8 tiles"):
+        make_program(spec, tp=tp, tuning={"ready_digits": True})
