@@ -293,3 +293,26 @@ def test_gpu_token_loop_equals_single_steps(mma_engine) -> None:
     from test_cuda_kernel import test_token_loop_equals_single_steps
 
     test_token_loop_equals_single_steps(mma_engine)
+
+
+# ready digits (passes/digits.py): dense models with 8 x 8 tiles (and qk norms), and 16 x 4 ones
+READY_GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-k1536"]
+
+
+@pytest.fixture(scope="module", params=READY_GPU_MODELS)
+def ready_engine(request, tmp_path_factory):
+    from test_cuda_kernel import compiled_engine
+
+    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8", fp8_mma=True,
+                           ready_digits=True)
+
+
+@pytest.mark.gpu
+def test_gpu_ready_digits_teacher_forced_logits_match_interpreter(ready_engine) -> None:
+    """The producers' digit stores (whole chunks a word a lane, shared chunks a byte at a time)
+    and the consumers' alignment on the GPU: the logits step by step within the FP8 tests'
+    tolerances of the interpreter's."""
+    from test_cuda_kernel import check_teacher_forced
+
+    assert ready_engine.m["kernel"]["constants"]["READY_DIGITS"] == 1
+    check_teacher_forced(ready_engine)
