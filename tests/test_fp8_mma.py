@@ -219,17 +219,27 @@ READY = {**MMA, "ready_digits": True}
 READY_REL = 16 * DIGITS_REL
 
 
-@pytest.mark.parametrize(("overrides", "target"), [(WIDE, "h200"), (WIDE4, small("h200-48", 48))])
-def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, overrides: dict,
-                                                      target: Any) -> None:
-    """One decode step with ready digits: o_proj, gate/up and down write their rows as the
-    next tile task's digits (put_ready_digits), which gate/up, down and the next layer's qkv
-    align and read (stage_ready_digits), against the interpreter."""
-    spec = fp8_spec("llama-tiny", overrides)
+# (spec, overrides, target, consumers per layer): llama-tiny's qkv, gate/up and down read ready
+# digits but the first layer's qkv (the embedding makes its input), 8 x 8 tiles and 16 x 4 ones
+# (on 48 SMs: tasks of whole chunks); deepseek-v3-tiny with dense FFNs (MLA attention) its
+# gate/up's and attn_in_proj's (its o_proj does not tile here)
+READY_STEPS = [("llama-tiny", WIDE, "h200", 3), ("llama-tiny", WIDE4, small("h200-48", 48), 3),
+               ("deepseek-v3-tiny", {"hidden_size": 1024, "intermediate_size": 2048,
+                                     "first_k_dense_replace": 3}, "h200", 2)]
+
+
+@pytest.mark.parametrize(("name", "overrides", "target", "per_layer"), READY_STEPS)
+def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str,
+                                                      overrides: dict, target: Any,
+                                                      per_layer: int) -> None:
+    """One decode step with ready digits: the projections write their rows as the next tile
+    task's digits (put_ready_digits), which it aligns and reads (stage_ready_digits), against
+    the interpreter."""
+    spec = fp8_spec(name, overrides)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, READY)
     ready = [op.name for op in program.graph.ops() if op.attrs.get("ready_digits")]
-    assert len(ready) == 3 * spec.num_layers - 1  # all but the first layer's qkv (from embed)
-    assert_step_matches(bufs, env, token, spec.num_layers, PARTS, READY_REL)
+    assert len(ready) == per_layer * spec.num_layers - 1
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
 def test_broken_ready_digits_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
