@@ -242,35 +242,26 @@ def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
-def test_broken_ready_digits_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The negative control: a group's digits moved one position too few, and the step test
-    catches it."""
-    source = test_mla_kernel.step_source
-    good, bad = "if (const int shift = top - q)", "if (const int shift = top - q - (top > q))"
-    assert good in source()
-    monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source().replace(good, bad))
-    spec = fp8_spec("llama-tiny", WIDE)
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, READY)
-    with pytest.raises(AssertionError, match="max difference"):
-        assert_step_matches(bufs, env, token, spec.num_layers, PARTS, READY_REL)
-
-
-@pytest.mark.parametrize(("good", "bad"), [
+@pytest.mark.parametrize(("good", "bad", "tuning", "rel"), [
     # a digit's factor one digit off (2^-4 instead of 2^-8 for digits 2 and 3)
-    ("q & 1 ? 0x1p-8f : 1.f", "q & 1 ? 0x1p-4f : 1.f"),
+    ("q & 1 ? 0x1p-8f : 1.f", "q & 1 ? 0x1p-4f : 1.f", MMA, DIGITS_REL),
     # the block scales of the neighbouring segment
-    ("scale[j * blocks + b]", "scale[(j ^ 1) * blocks + b]"),
+    ("scale[j * blocks + b]", "scale[(j ^ 1) * blocks + b]", MMA, DIGITS_REL),
+    # ready digits: a group below its block's exponent moved one digit too few
+    ("if (const int shift = top - q)", "if (const int shift = top - q - (top > q))", READY,
+     READY_REL),
 ])
 def test_a_broken_fold_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, good: str,
-                             bad: str) -> None:
-    """The negative controls: each breaks one piece of the fold, and the step test catches it."""
+                             bad: str, tuning: dict, rel: float) -> None:
+    """The negative controls: each breaks one piece of the fold or of its input, and the step
+    test catches it."""
     source = test_mla_kernel.step_source
     assert good in source()
     monkeypatch.setattr(test_mla_kernel, "step_source", lambda: source().replace(good, bad))
     spec = fp8_spec("llama-tiny", WIDE)
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, MMA)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, tuning)
     with pytest.raises(AssertionError, match="max difference"):
-        assert_step_matches(bufs, env, token, spec.num_layers, PARTS, DIGITS_REL)
+        assert_step_matches(bufs, env, token, spec.num_layers, PARTS, rel)
 
 
 # -- on a GPU ----------------------------------------------------------------------------------
