@@ -19,7 +19,9 @@ Decides, with the `ready_digits` knob on: for each tiled `norm_matvec` / `matvec
 input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
 that output as its input, that the producer writes the consumer's digits (`digits_for`) and
 the consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
-buffer `<consumer>.digits`.
+buffer `<consumer>.digits`. The schedule verifier (verify.py) sees the producer's fp32 output,
+which it still writes and the consumer still waits for: the digits are written before the same
+signal, so they are ordered as that output is.
 """
 
 from __future__ import annotations
