@@ -7,7 +7,8 @@ DESIGN.md). The boundary covers an SM's first task of an op; each further task o
 that SM adds its own fixed cost (`TASK_NS`: staging its input, its epilogue and signal), so an
 op cut into more tasks than SMs costs more than its bytes say. An FP8 tile op's boundary is
 longer by its input's staging as digits (`DIGIT_ROUND_NS` per round of 128-column blocks its
-compute warps take, each warp `STAGE_BLOCKS` at a time). FP8 rows on the CUDA cores stream
+compute warps take, each warp `STAGE_BLOCKS` at a time), or, with ready digits, its
+producer's by writing them (`READY_PRODUCER_NS`). FP8 rows on the CUDA cores stream
 slower than their bytes where their measured page compute is slower than a page's arrival
 (dense rows; routed down rows, whose pieces cost the most). An op takes as long as its
 slowest SM; a step is the sum of its ops, because each op waits for all tasks of the op before
@@ -57,6 +58,12 @@ TASK_NS = 2400.0
 # (down, K = 25600) +4.0 us (tools/stream_probe.py, docs/performance.md): still ~1 us a round.
 STAGE_BLOCKS = 4
 DIGIT_ROUND_NS = 1000.0
+# With ready digits (passes/digits.py) a consumer copies its input's digits in, no slower than
+# a bf16 task's copy, and a producer's task takes longer by writing them: llama-3.1-8b FP8 on
+# the H200, 2026-12-02 (docs/performance.md, session 26, profile): o_proj, a producer that
+# reads no ready digits, 6.60 -> 7.45 us a task; the step 3.101 -> 3.060 ms, as these charges
+# predict (-1.45 us a layer).
+READY_PRODUCER_NS = 850.0
 # The same model's dense FP8 projections as rows on the CUDA cores (`--tune fp8_mma=0`): a
 # gate/up task streamed 27 KB/us where a bf16 one streams 33, the SM's share (session 17),
 # its pages' dot product (~2 us a page) slower than they arrive.
@@ -117,11 +124,15 @@ def task_fixed_ns(program: Program, task: Task) -> float:
 
 def digit_staging_ns(program: Program, op: Op) -> float:
     """What staging an FP8 tile op's input as digits (decode.cuh: stage_digits) adds to its
-    boundary: 0 for any other op."""
+    boundary, none where its producer made them (ready digits), and what writing its
+    consumer's digits adds to a producer's: 0 for any other op."""
     if not is_tiled(program, op):
         return 0.0
+    writes = READY_PRODUCER_NS if "digits_for" in op.attrs else 0.0
+    if op.attrs.get("ready_digits"):
+        return writes
     blocks = op.attrs["K"] // TILE_BLOCK_COLS
-    return DIGIT_ROUND_NS * -(-blocks // (STAGE_BLOCKS * program.config["compute_warps"]))
+    return writes + DIGIT_ROUND_NS * -(-blocks // (STAGE_BLOCKS * program.config["compute_warps"]))
 
 
 def op_times_ns(program: Program) -> dict[str, float]:

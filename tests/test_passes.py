@@ -25,6 +25,7 @@ from tilertc.passes.cost import (
     DIGIT_ROUND_NS,
     FP8_ROW_STREAM_SHARE,
     MLA_CHAIN_NS,
+    READY_PRODUCER_NS,
     ROUTED_DOWN_FP8_STREAM_SHARE,
     TASK_NS,
     op_times_ns,
@@ -255,6 +256,24 @@ def test_cost_of_fp8_tiles_and_fp8_rows() -> None:
             stream = max(by_sm.values()) / (1.0 if tiled else FP8_ROW_STREAM_SHARE)
             assert times[name] == pytest.approx(stream + BOUNDARY_NS
                                                 + (n * DIGIT_ROUND_NS if tiled else 0.0))
+
+
+def test_cost_of_ready_digits() -> None:
+    """llama-3.1-8b FP8 (two layers) with ready digits: an op that reads them pays no digit
+    rounds, one that writes them READY_PRODUCER_NS; the first layer's qkv (its input from the
+    embedding) still converts, its down both reads and writes."""
+    spec = with_weight_dtype(load_spec("llama-3.1-8b", overrides={"num_hidden_layers": 2}), "fp8")
+    base, ready = (op_times_ns(schedule(spec, max_seq_len=256, tuning=t))
+                   for t in ({}, {"ready_digits": True}))
+    rounds = {"qkv_proj": 1, "o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 2}
+    writes = {"o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 1}
+    for layer in (0, 1):
+        for op, n in rounds.items():
+            name = f"layers.{layer}.{op}"
+            reads = op != "o_proj" and (layer, op) != (0, "qkv_proj")
+            writes_here = writes.get(op, 0) * (layer == 0 or op != "ffn.down_proj")
+            assert ready[name] - base[name] == pytest.approx(
+                writes_here * READY_PRODUCER_NS - (n * DIGIT_ROUND_NS if reads else 0.0)), name
 
 
 # -- residency ---------------------------------------------------------------------------------
