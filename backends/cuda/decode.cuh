@@ -1365,17 +1365,24 @@ static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
 __device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
   return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
 }
+// The scale 2^(16 - E) of a block's fixed point, and |x| at it: |x| up + 2^23 holds
+// M = rint(|x| up) in its low 16 bits (0x4b00ffff: 2^23 + 0xffff, the largest M).
+__device__ __forceinline__ float fixed_scale(int E) { return __int_as_float((127 + 16 - E) << 23); }
+__device__ __forceinline__ uint32_t fixed_magnitude(float x, float up) {
+  return min(__float_as_uint(fmaf(fabsf(x), up, 8388608.f)), 0x4b00ffffu);
+}
+// A block's factor: x = sum_t digit_t 2^(E + 5 - 4 t) (the fold's digit weights bring the t)
+__device__ __forceinline__ float block_factor(int E) { return __int_as_float((127 + E + 5) << 23); }
 // 4 columns x as 16-bit fixed-point magnitudes M, their nibbles a byte each (lo: nibbles 0
 // and 2 of M0, then of M1 (M2, M3); hi: nibbles 1 and 3), and their signs (0xff or 0 a byte)
 struct FixedColumns {
   uint32_t lo01, hi01, lo23, hi23, sign;
 };
 __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
-  const float up = __int_as_float((127 + 16 - E) << 23), v[4] = {x.x, x.y, x.z, x.w};
+  const float up = fixed_scale(E), v[4] = {x.x, x.y, x.z, x.w};
   uint32_t M[4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e)  // |x| up + 2^23 holds rint(|x| up) in its low bits; 0x4b00ffff: 2^23 + 0xffff
-    M[e] = min(__float_as_uint(fmaf(fabsf(v[e]), up, 8388608.f)), 0x4b00ffffu);
+  for (int e = 0; e < 4; ++e) M[e] = fixed_magnitude(v[e], up);
   const uint32_t m01 = __byte_perm(M[0], M[1], 0x5410), m23 = __byte_perm(M[2], M[3], 0x5410);
   const uint32_t s01 = prmt(__float_as_uint(x.x), __float_as_uint(x.y), 0xfb);  // bytes 0, 1
   const uint32_t s23 = prmt(__float_as_uint(x.z), __float_as_uint(x.w), 0xfb);
@@ -1479,7 +1486,7 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
         *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = word | (f.sign & 0x80808080u);
       }
     }
-    if (c == 0) factor[ch.blk] *= __int_as_float((127 + E + 5) << 23);
+    if (c == 0) factor[ch.blk] *= block_factor(E);
   }
   fence_proxy_async_shared();
   end_staging(s, t, ss, ct);
@@ -1531,9 +1538,7 @@ __device__ void put_ready_digits(const Params& p, Shared& s, const int* t, int r
       ss += __shfl_xor_sync(0xffffffffu, ss, x);
     }
     const int q = (block_exponent(m) + 3) >> 2, c = row0 + i, chunk = c - e;
-    // as fixed_columns: |v| 2^(16 - 4 q) + 2^23 holds M = rint(|v| 2^(16 - 4 q)) in its low bits
-    const uint32_t M = min(__float_as_uint(fmaf(fabsf(v), __int_as_float((127 + 16 - 4 * q) << 23), 8388608.f)),
-                           0x4b00ffffu);
+    const uint32_t M = fixed_magnitude(v, fixed_scale(4 * q));
     const uint32_t sign = __float_as_uint(v) >> 31 << 7;
     uint32_t mine4 = 0;  // byte n: this column's digit n
 #pragma unroll
@@ -1603,7 +1608,7 @@ __device__ void stage_ready_digits(const Params& p, Shared& s, const int* t, int
         *reinterpret_cast<unsigned long long*>(at + 16 * n) = moved;
       }
     }
-    if (gi == 0) factor[g / PER_BLOCK] = __int_as_float((127 + 4 * top + 5) << 23);
+    if (gi == 0) factor[g / PER_BLOCK] = block_factor(4 * top);
     if (norm) ss += reinterpret_cast<const float*>(exps + groups)[g];
   }
   fence_proxy_async_shared();
