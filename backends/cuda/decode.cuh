@@ -329,6 +329,10 @@ __device__ __forceinline__ Shared carve(uint8_t* base) {
 }
 
 __device__ __forceinline__ const int* task_row(const Params& p, int id) { return p.tasks + id * TASK_FIELDS; }
+// A task's weights: F_W_HI:F_W_LO counts 16-byte units into the packed weights.
+__device__ __forceinline__ const uint8_t* task_weights(const Params& p, const int* t) {
+  return p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+}
 // Matrix-vector tasks: norm_matvec and a MoE gate/up stage an RMS-normalized input;
 // matvec_add and a MoE down projection add a residual. The MoE opcodes exist only in MoE
 // kernels, so that a dense kernel tests for what it always did.
@@ -609,8 +613,7 @@ __device__ bool load_rows(const Params& p, Shared& s, const uint8_t* src, int ro
 // (F_ROW_BYTES each), then its slice of W_down's columns as F_K rows of 2 x width bytes.
 __device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t& issued) {
   const int width = t[F_ROW1] - t[F_ROW0], rb = t[F_ROW_BYTES];
-  const uint8_t* src =
-      p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+  const uint8_t* src = task_weights(p, t);
   return load_rows(p, s, src, width, rb, issued) &&
          load_rows(p, s, src + static_cast<long long>(width) * rb, t[F_K], 2 * width, issued);
 }
@@ -640,8 +643,7 @@ __device__ void run_loader(const Params& p, Shared& s) {
 #endif
       if (!has_weights(t)) continue;
       const int rows = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-      const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) |
-                                        static_cast<uint32_t>(t[F_W_LO])) * 16;
+      const uint8_t* src = task_weights(p, t);
 #if MOE
       const uint8_t* piece[MOE_PIECES];
       const bool routed = t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD;
