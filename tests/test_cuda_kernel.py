@@ -70,6 +70,9 @@ pytestmark = pytest.mark.gpu
 FULL_SIZE = {"model_type": "deepseek_v3", "quantization_config": None, "vocab_size": 32000}
 VARIANTS = {
     "deepseek-v3-tiny-dense": ("deepseek-v3-tiny", {"first_k_dense_replace": 3}),
+    # wide enough that its FP8 dense FFN and attention input projections tile (ready digits)
+    "deepseek-v3-tiny-dense-wide": ("deepseek-v3-tiny", {
+        "hidden_size": 1024, "intermediate_size": 2048, "first_k_dense_replace": 3}),
     # llama-tiny widened so that its FP8 projections tile both ways, 16 rows x 4 segments (K =
     # 1536) and 8 x 8 (o_proj, K = 1024) (tests/test_fp8_mma.py: WIDE4)
     "llama-tiny-k1536": ("llama-tiny", {"hidden_size": 1536, "intermediate_size": 1536,

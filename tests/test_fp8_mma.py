@@ -296,8 +296,9 @@ def test_gpu_token_loop_equals_single_steps(mma_engine) -> None:
     test_token_loop_equals_single_steps(mma_engine)
 
 
-# ready digits (passes/digits.py): dense models with 8 x 8 tiles (and qk norms), and 16 x 4 ones
-READY_GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-k1536"]
+# ready digits (passes/digits.py): dense models with 8 x 8 tiles (and qk norms), 16 x 4 ones, and
+# MLA with dense FFNs
+READY_GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-k1536", "deepseek-v3-tiny-dense-wide"]
 
 
 @pytest.fixture(scope="module", params=READY_GPU_MODELS)
