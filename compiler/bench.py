@@ -240,7 +240,8 @@ class Kernel(NamedTuple):
 def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig, phase: Phase) -> list[Kernel]:
     """The kernels to time: the artifact given, or the spec compiled with each backend
     (OUT/artifact, then OUT/artifact-BACKEND); then the --artifact directories, which must hold
-    the same model with room for every point."""
+    the same model with room for every point, each named tilertc-BACKEND where its backend is
+    not yet timed, else tilertc-DIRECTORY."""
     from tilertc.driver import CompileOptions, compile
 
     capacity = capacity_for(config.points)
@@ -259,9 +260,15 @@ def resolve_artifacts(model: Path | ModelSpec, config: BenchConfig, phase: Phase
         if m["model"]["spec_hash"] != spec_hash:
             raise BenchError(f"{extra} holds {m['model']['name']}, not the benchmarked model")
         check_capacity(0, capacity - 1, 1, m["max_seq_len"])
-        name = f"tilertc-{m['options']['backend']}"
-        taken = {k.name for k in kernels}
-        kernels.append(Kernel(name if name not in taken else f"tilertc-{extra.name}", extra, m))
+        # another backend's build is named by its backend, a variant of one already timed by
+        # its directory
+        backend = m["options"]["backend"]
+        timed = {k.manifest["options"]["backend"] for k in kernels}
+        name = f"tilertc-{backend}" if backend not in timed else f"tilertc-{extra.name}"
+        if name in {k.name for k in kernels}:
+            raise BenchError(f"{extra}: a kernel named {name!r} is already timed; give the "
+                             f"artifact directories distinct names")
+        kernels.append(Kernel(name, extra, m))
     return kernels
 
 

@@ -556,7 +556,7 @@ static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
 #endif
   if (!has_weights(t)) return true;
   const int rows = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-  const uint8_t* src = p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+  const uint8_t* src = task_weights(p, t);
   if ((rows + rpp - 1) / rpp > RING_PAGES) return false;
 #if MOE  // as run_loader: the slots' experts, the pieces of a down task's rows gathered
   const uint8_t* piece[MOE_PIECES];

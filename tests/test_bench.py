@@ -512,7 +512,7 @@ def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
     ((_, extra_dir, _),) = resolve_artifacts(check_model(extra), extra, quiet_phase)
     both = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(extra_dir,))
     kernels = resolve_artifacts(check_model(both), both, quiet_phase)
-    assert [k.name for k in kernels] == ["tilertc", "tilertc-cuda"]
+    assert [k.name for k in kernels] == ["tilertc", "tilertc-artifact"]
     other = BenchConfig("qwen3-tiny", ((64, 32),), tmp_path / "qwen")
     ((_, other_dir, _),) = resolve_artifacts(check_model(other), other, quiet_phase)
     mixed = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(other_dir,))
@@ -637,12 +637,12 @@ def test_bench_times_every_kernel_after_its_gate(tmp_path: Path) -> None:
                  "--artifact", str(prebuilt), "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
     d = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert set(d["kernels"]) == {"tilertc", "tilertc-cuda"}
+    assert set(d["kernels"]) == {"tilertc", "tilertc-prebuilt"}
     assert all(k["gate"]["passed"] for k in d["kernels"].values())
     (point,) = d["points"]
     systems = {s["name"]: s for s in point["systems"]}
-    assert list(systems) == ["tilertc", "tilertc-cuda"]
-    assert systems["tilertc"]["speedup_vs"]["tilertc-cuda"] > 0
+    assert list(systems) == ["tilertc", "tilertc-prebuilt"]
+    assert systems["tilertc"]["speedup_vs"]["tilertc-prebuilt"] > 0
 
 
 @pytest.mark.gpu

@@ -318,3 +318,12 @@ def test_gpu_ready_digits_teacher_forced_logits_match_interpreter(ready_engine) 
 
     assert ready_engine.m["kernel"]["constants"]["READY_DIGITS"] == 1
     check_teacher_forced(ready_engine)
+
+
+@pytest.mark.gpu
+def test_gpu_ready_digits_token_loop_equals_single_steps(ready_engine) -> None:
+    """A launch of many steps against one launch a step: the same tokens. Failed for
+    llama-3.2-1b in session 27 (token 5; docs/performance.md, session 27)."""
+    from test_cuda_kernel import test_token_loop_equals_single_steps
+
+    test_token_loop_equals_single_steps(ready_engine)

@@ -185,11 +185,11 @@ def test_derived_kv_b_scales_dequantize_to_the_derived_weights() -> None:
 
 def step_source() -> str:
     """What the `step` command runs of decode.cuh: the task table and parameters, the
-    shared-memory struct, the task predicates, the loader's routed-task addressing (MoE), the
-    start of a ring page (over the harness's claim_page), GQA attention's key/value pages (its
-    proxy fence has no host meaning) and the loader of a split-K FFN task, and everything
-    compute runs for a task (the sampling section through the split-K FFN section:
-    matrix-vector tasks, the exchanges between ranks, embedding, sampler, MoE router,
+    shared-memory struct, the task predicates and weights' address, the loader's routed-task
+    addressing (MoE), the start of a ring page (over the harness's claim_page), GQA attention's
+    key/value pages (its proxy fence has no host meaning) and the loader of a split-K FFN
+    task, and everything compute runs for a task (the sampling section through the split-K FFN
+    section: matrix-vector tasks, the exchanges between ranks, embedding, sampler, MoE router,
     attention, split-K)."""
     k = KernelSource()
     kv_pages = k.between("// Attention streams the past keys", "#endif  // !MLA").replace(
@@ -198,6 +198,7 @@ def step_source() -> str:
         *k.prelude(),
         *(k.definition(f"__device__ __forceinline__ bool {f}(const int* t)")
           for f in ("has_weights", "normed", "adds_residual")),
+        k.definition("__device__ __forceinline__ const uint8_t* task_weights("),
         k.line("__device__ __forceinline__ int rows_per_page"),
         "#if FP8_MMA", k.line("__device__ __forceinline__ int tile_segments"),
         k.definition("__device__ __forceinline__ int tile_pieces"),

@@ -144,10 +144,16 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
   return ok != 0;
 }
+// The ring's copies: weights and past keys / values, each read once a step and far more than
+// L2 holds, so they are marked evict-first: they leave L2 before the activations, digits and
+// counters that SMs hand each other (llama-3.1-8b FP8 on an H200: 1.6 % faster a token,
+// docs/performance.md, session 27).
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
+      "{\n .reg .b64 policy;\n createpolicy.fractional.L2::evict_first.b64 policy, 1.0;\n"
+      " cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+      "policy;\n}\n" ::"r"(smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar))
       : "memory");
 }
 __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
@@ -3392,7 +3398,9 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
 #endif  // FFN_SPLIT_K
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
-__device__ void run_compute(const Params& p, Shared& s) {
+// Inlined into the kernel by force: past nvcc's inlining budget (full-size DeepSeek-V3.2 FP8
+// with ready digits) it became a call whose ABI took a 344-byte stack frame.
+__device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x;
   uint32_t consumed = 0;
   bool ok = true;
