@@ -242,6 +242,36 @@ def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
+@pytest.mark.parametrize("name", ["llama-tiny", "deepseek-v3-tiny"])
+def test_ready_digits_read_only_what_the_step_writes(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     name: str) -> None:
+    """The step as above with every activation and scratch buffer of the act arena (the digit
+    buffers among them; not the RoPE table) holding random values beforehand, as a launch finds
+    what the previous step left: still the interpreter's, so no consumer reads digits,
+    exponents or sums that its producer did not write in this step."""
+    (overrides, target), = ((o, t) for n, o, t, _ in READY_STEPS[::2] if n == name)
+    arena, filled = test_mla_kernel.act_arena, []
+
+    def stale_arena(m: dict[str, Any], weights: dict[str, torch.Tensor], device: torch.device
+                    ) -> torch.Tensor:
+        act = arena(m, weights, device)
+        gen = torch.Generator().manual_seed(7)
+        for buffer, b in m["buffers"].items():
+            if (b["arena"] == "act" and b["kind"] in ("activation", "scratch")
+                    and buffer != m["rope"]["buffer"]):  # (the RoPE table is the engine's)
+                filled.append(buffer)
+                words = b["numel"] * (2 if b["dtype"] == "fx64" else 1)
+                act[b["offset"]:b["offset"] + words] = 3 * torch.randn(words, generator=gen)
+        return act
+
+    monkeypatch.setattr(test_mla_kernel, "act_arena", stale_arena)
+    spec = fp8_spec(name, overrides)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, READY)
+    assert any(b.endswith(".digits") for b in filled)
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
+
+
 @pytest.mark.parametrize(("good", "bad", "tuning", "rel"), [
     # a digit's factor one digit off (2^-4 instead of 2^-8 for digits 2 and 3)
     ("q & 1 ? 0x1p-8f : 1.f", "q & 1 ? 0x1p-4f : 1.f", MMA, DIGITS_REL),
