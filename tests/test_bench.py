@@ -513,6 +513,9 @@ def test_kernels_compiled_and_prebuilt_are_named_apart(tmp_path: Path) -> None:
     both = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(extra_dir,))
     kernels = resolve_artifacts(check_model(both), both, quiet_phase)
     assert [k.name for k in kernels] == ["tilertc", "tilertc-artifact"]
+    twice = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(extra_dir,) * 2)
+    with pytest.raises(BenchError, match="'tilertc-artifact' is already timed"):
+        resolve_artifacts(check_model(twice), twice, quiet_phase)
     other = BenchConfig("qwen3-tiny", ((64, 32),), tmp_path / "qwen")
     ((_, other_dir, _),) = resolve_artifacts(check_model(other), other, quiet_phase)
     mixed = BenchConfig("llama-tiny", ((64, 32),), tmp_path / "out", artifacts=(other_dir,))
