@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import test_mla_kernel
 import torch
+from test_cuda_kernel import VARIANTS
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, random_host_step, small
 
@@ -224,8 +225,7 @@ READY_REL = 16 * DIGITS_REL
 # (on 48 SMs: tasks of whole chunks); deepseek-v3-tiny with dense FFNs (MLA attention) its
 # gate/up's and attn_in_proj's (its o_proj does not tile here)
 READY_STEPS = [("llama-tiny", WIDE, "h200", 3), ("llama-tiny", WIDE4, small("h200-48", 48), 3),
-               ("deepseek-v3-tiny", {"hidden_size": 1024, "intermediate_size": 2048,
-                                     "first_k_dense_replace": 3}, "h200", 2)]
+               (*VARIANTS["deepseek-v3-tiny-dense-wide"], "h200", 2)]
 
 
 @pytest.mark.parametrize(("name", "overrides", "target", "per_layer"), READY_STEPS)
@@ -242,15 +242,15 @@ def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
-@pytest.mark.parametrize("name", ["llama-tiny", "deepseek-v3-tiny"])
+@pytest.mark.parametrize(("name", "overrides", "target"),
+                         [step[:3] for step in READY_STEPS[::2]])
 def test_ready_digits_read_only_what_the_step_writes(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch,
-                                                     name: str) -> None:
+                                                     monkeypatch: pytest.MonkeyPatch, name: str,
+                                                     overrides: dict, target: Any) -> None:
     """The step as above with every activation and scratch buffer of the act arena (the digit
     buffers among them; not the RoPE table) holding random values beforehand, as a launch finds
     what the previous step left: still the interpreter's, so no consumer reads digits,
     exponents or sums that its producer did not write in this step."""
-    (overrides, target), = ((o, t) for n, o, t, _ in READY_STEPS[::2] if n == name)
     arena, filled = test_mla_kernel.act_arena, []
 
     def stale_arena(m: dict[str, Any], weights: dict[str, torch.Tensor], device: torch.device
