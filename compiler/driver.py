@@ -56,8 +56,9 @@ class CompileOptions:
     # refused where it cannot run; False: rows only.
     fp8_mma: bool | None = None
     # FP8 tile tasks' inputs written as digits by the projection that makes them, instead of
-    # converted by every consumer (passes/digits.py); off until measured on the GPU.
-    ready_digits: bool = False
+    # converted by every consumer (passes/digits.py). None: wherever there are FP8 tiles; True:
+    # asked for, and refused without FP8 tiles; False: every consumer converts its input.
+    ready_digits: bool | None = None
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -76,9 +77,12 @@ TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits")
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:
     """The passes' tuning from CompileOptions' fields, or from a manifest's record of them (an
     older one may lack a knob): the knobs that are set, flags on or off (a manifest from before
-    fp8_mma was on by default records False for it: its kernel has no tiles). FP8 tiles are the
-    CUDA backend's: another backend's schedule has none."""
+    fp8_mma was on by default records False for it: its kernel has no tiles; one from before
+    ready digits lacks that knob and gets False). FP8 tiles are the CUDA backend's: another
+    backend's schedule has none."""
     tuning = {k: options[k] for k in TUNING_KNOBS if options.get(k) is not None}
+    if "ready_digits" not in options:  # a manifest from before ready digits: its kernel has none
+        tuning["ready_digits"] = False
     if options.get("backend", "cuda") != "cuda":
         tuning.setdefault("fp8_mma", False)
     return tuning

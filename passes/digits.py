@@ -15,7 +15,9 @@ group's digits down by whole digits: each value is kept to 2^-12 of its block's 
 (stage_digits: 2^-16). A group's exponent and, where the consumer normalizes its input, its sum
 of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_digits).
 
-Decides, with the `ready_digits` knob on: for each tiled `norm_matvec` / `matvec_add` whose
+Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: the
+token loop was faster or the same in every model measured, docs/performance.md, sessions 26-27;
+knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` whose
 input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
 that output as its input, that the producer writes the consumer's digits (`digits_for`) and
 the consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
@@ -57,11 +59,15 @@ def _producer(program: Program, op):
 
 
 def ready_digits(program: Program) -> Program:
-    if not program.config["tuning"].get("ready_digits"):
+    asked = program.config["tuning"].get("ready_digits")
+    if asked is False:
         return program
     if not program.spec.weight_format.is_fp8 or program.tp > 1:
-        raise ScheduleError("ready_digits has the producers of FP8 tile tasks' inputs write "
-                            "their digits: it needs FP8 tiles (--weight-dtype fp8, --tp 1)")
+        if asked:
+            raise ScheduleError("ready_digits has the producers of FP8 tile tasks' inputs "
+                                "write their digits: it needs FP8 tiles (--weight-dtype fp8, "
+                                "--tp 1)")
+        return program
     pairs = []
     for op in program.graph.ops():
         if op.opcode not in DENSE_PROJECTIONS or not is_tiled(program, op):

@@ -32,6 +32,7 @@ from test_moe_kernel import TOOL, columns
 import tilertc
 from tilertc.backends.cuda import codegen
 from tilertc.backends.cuda.encode import (
+    DIGIT_FIELDS,
     DSA_FIELDS,
     FIELDS,
     MLA_FIELDS,
@@ -116,11 +117,12 @@ def test_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
 
 def test_fp8_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
     """Full-size DeepSeek-V3.2 in its checkpoint's FP8 format and GLM-5 with FP8 weights (3
-    dense layers and 1 MoE layer each) compile into one checked kernel without spills. Every
-    projection streams FP8 rows (attention's, kv_b's derived rows, the indexer's wq_b and wk,
-    the dense and shared experts' and the routed experts') but the router, the indexer's head
-    weights and lm_head, which stay bf16 as in the checkpoints; q absorption's rows carry one
-    scale per 128 (DeepSeek) or 64 (GLM-5: heads of 448 kv_b rows) columns."""
+    dense layers and 1 MoE layer each) compile into one checked kernel without spills, with
+    ready digits (the dense FFNs' tiles take them). Every projection streams FP8 (attention's,
+    kv_b's derived rows, the indexer's wq_b and wk, the dense and shared experts' and the routed
+    experts') but the router, the indexer's head weights and lm_head, which stay bf16 as in the
+    checkpoints; q absorption's rows carry one scale per 128 (DeepSeek) or 64 (GLM-5: heads of
+    448 kv_b rows) columns."""
     needs_nvcc()
     full = {k: v for k, v in FULL.items() if k != "quantization_config"}
     for base, w_uk_cols in (("deepseek-v3.2", 128), ("glm-5", 64)):
@@ -129,7 +131,7 @@ def test_fp8_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
         assert subprocess.run([sys.executable, str(TOOL), str(out)]).returncode == 0
         col, m = columns(out)
         assert m["task_fields"] == [*FIELDS, *MOE_FIELDS, *SHARED_FIELDS, *MLA_FIELDS,
-                                    *MLA_FP8_FIELDS, *DSA_FIELDS]
+                                    *MLA_FP8_FIELDS, *DSA_FIELDS, *DIGIT_FIELDS]
         assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, (base, m["kernel"]["ptxas"])
         assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, (base, m["kernel"]["ptxas"])
         formats = {seg[0]: e["format"] for e in m["weights"]["layout"] for seg in e["segments"]}

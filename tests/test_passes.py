@@ -240,10 +240,12 @@ def test_cost_charges_each_further_task_of_an_op_on_an_sm_its_fixed_cost() -> No
 def test_cost_of_fp8_tiles_and_fp8_rows() -> None:
     """llama-3.1-8b FP8 (one layer): each tiled op costs its bytes, a boundary and a round of
     DIGIT_ROUND_NS per 64 of its 128-column input blocks (16 compute warps, 4 blocks each):
-    qkv, o and gate/up 1 round, down 2. As rows (fp8_mma=0) no op pays that, but its bytes
-    stream at FP8_ROW_STREAM_SHARE of the SM's share."""
+    qkv, o and gate/up 1 round, down 2 (without ready digits: test_cost_of_ready_digits). As
+    rows (fp8_mma=0) no op pays that, but its bytes stream at FP8_ROW_STREAM_SHARE of the SM's
+    share."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b", overrides={"num_hidden_layers": 1}), "fp8")
-    tiles, rows = (schedule(spec, max_seq_len=256, tuning=t) for t in ({}, {"fp8_mma": False}))
+    tiles, rows = (schedule(spec, max_seq_len=256, tuning=t)
+                   for t in ({"ready_digits": False}, {"fp8_mma": False}))
     assert tiles.config["compute_warps"] == 16
     rounds = {"qkv_proj": 1, "o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 2}
     for p, tiled in ((tiles, True), (rows, False)):
@@ -264,7 +266,7 @@ def test_cost_of_ready_digits() -> None:
     embedding) still converts, its down both reads and writes."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b", overrides={"num_hidden_layers": 2}), "fp8")
     base, ready = (op_times_ns(schedule(spec, max_seq_len=256, tuning=t))
-                   for t in ({}, {"ready_digits": True}))
+                   for t in ({"ready_digits": False}, {}))
     rounds = {"qkv_proj": 1, "o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 2}
     writes = {"o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 1}
     for layer in (0, 1):
@@ -463,12 +465,12 @@ def test_sharding_splits_mla_heads_and_keeps_the_latent_path_replicated() -> Non
 # -- ready digits ------------------------------------------------------------------------------
 
 def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_input() -> None:
-    """Before / after the knob: without it no op reads ready digits; with it every FP8 tile
-    projection whose input is one tiled projection's whole output (all but the first layer's
-    qkv, whose input the embedding makes) reads that producer's digits from a buffer of its
-    own, and the kernel is compiled with them."""
+    """Before / after the pass: with the knob 0 no op reads ready digits; by default every FP8
+    tile projection whose input is one tiled projection's whole output (all but the first
+    layer's qkv, whose input the embedding makes) reads that producer's digits from a buffer of
+    its own, and the kernel is compiled with them."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b"), "fp8")
-    off, on = make_program(spec), make_program(spec, tuning={"ready_digits": True})
+    off, on = make_program(spec, tuning={"ready_digits": False}), make_program(spec)
     assert not any(op.attrs.get("ready_digits") or "digits_for" in op.attrs
                    for op in off.graph.ops())
     ready = {op.name for op in on.graph.ops() if op.attrs.get("ready_digits")}
@@ -485,6 +487,8 @@ def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_inp
 
 @pytest.mark.parametrize(("weight_dtype", "tp"), [("bf16", 1), ("fp8", 2)])
 def test_ready_digits_without_fp8_tiles_are_refused(weight_dtype: str, tp: int) -> None:
+    """Asked for without FP8 tiles: refused; by default: none, silently."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b"), weight_dtype)
     with pytest.raises(ScheduleError, match="ready_digits .* needs FP8 tiles"):
         make_program(spec, tp=tp, tuning={"ready_digits": True})
+    assert "READY_DIGITS" not in constants(make_program(spec, tp=tp))

@@ -5,10 +5,12 @@ GPU machine:
 
 For each artifact, on its random weights (seed 1234, as the GPU tests load them) and one random
 prompt: greedy tokens from two launches of `--tokens` steps each, and from as many one-step
-launches, with the logits of every single step kept and each step repeated once. Prints where
-the three token lists first part, whether a repeated single step gave bit-identical logits, and
-at the first parting the gap between the two best logits of the single step (a near tie that
-any difference in the last bits may flip). The GPU test `test_token_loop_equals_single_steps`
+launches, with the logits of every single step kept and each step repeated once. Prints how far
+a repeated single step's logits move (the FP8 tile sums and rows split over warps add in shared
+memory in whatever order the warps come: not bit-identical), the smallest gap between a step's
+two best logits, and where the three token lists first part with the gap there (a near tie that
+a difference in the last bits may flip); gaps and differences relative to the step's largest
+|logit|. The GPU test `test_token_loop_equals_single_steps`
 asks the same of tokens only; this says which of the three differs and by how much.
 """
 
@@ -36,25 +38,25 @@ def check(artifact: Path, prompt_len: int, tokens: int) -> None:
         loops.append(list(engine.generate(prompt, max_new_tokens=tokens)))
     engine.position = 0
     engine.prefill(prompt[:-1])
-    tok, stepped, logits, repeat_equal = int(prompt[-1]), [], [], True
+    tok, stepped, logits, repeat_diff = int(prompt[-1]), [], [], 0.0
     for _ in range(tokens):
         pos = engine.position
         nxt, out = engine.step(tok)
         engine.position = pos  # the same step again: the same KV entry is rewritten
-        again, out_again = engine.step(tok)
-        repeat_equal &= again == nxt and torch.equal(out, out_again)
+        _, out_again = engine.step(tok)
+        scale = float(out.float().abs().max())
+        repeat_diff = max(repeat_diff, float((out - out_again).float().abs().max()) / scale)
         tok = nxt
         stepped.append(tok)
         logits.append(out.float().cpu())
-    loop_loop = first_difference(loops[0], loops[1])
-    loop_step = first_difference(loops[0], stepped)
-    print(f"{artifact}: loop vs loop first differs at {loop_loop}, loop vs single steps at "
-          f"{loop_step}; a single step repeated gives identical logits: {repeat_equal}")
-    if loop_step is not None:
-        top2 = logits[loop_step].topk(2).values
-        print(f"  at step {loop_step}: loop token {loops[0][loop_step]}, single-step token "
-              f"{stepped[loop_step]}, single step's best two logits {top2[0]:.6g} and "
-              f"{top2[1]:.6g} (gap {top2[0] - top2[1]:.3g})")
+    gaps = [float(x.topk(2).values.diff().abs()) / float(x.abs().max()) for x in logits]
+    print(f"{artifact}: a single step repeated differs by at most {repeat_diff:.3g} of the "
+          f"largest |logit|; the smallest top-2 gap of a step is {min(gaps):.3g} of it (step "
+          f"{gaps.index(min(gaps))})")
+    for what, other in (("loop vs loop", loops[1]), ("loop vs single steps", stepped)):
+        at = first_difference(loops[0], other)
+        print(f"  {what}: first differs at {at}"
+              + ("" if at is None else f" (single step's top-2 gap there {gaps[at]:.3g})"))
 
 
 def main() -> None:
