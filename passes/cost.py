@@ -125,10 +125,11 @@ def task_fixed_ns(program: Program, task: Task) -> float:
 def digit_staging_ns(program: Program, op: Op) -> float:
     """What staging an FP8 tile op's input as digits (decode.cuh: stage_digits) adds to its
     boundary, none where its producer made them (ready digits), and what writing its
-    consumer's digits adds to a producer's (a tiled projection or GQA attention): 0 for any
-    other op."""
+    consumer's digits adds to a producer's: 0 for any other op."""
+    if not is_tiled(program, op):
+        return 0.0
     writes = READY_PRODUCER_NS if "digits_for" in op.attrs else 0.0
-    if not is_tiled(program, op) or op.attrs.get("ready_digits"):
+    if op.attrs.get("ready_digits"):
         return writes
     blocks = op.attrs["K"] // TILE_BLOCK_COLS
     return writes + DIGIT_ROUND_NS * -(-blocks // (STAGE_BLOCKS * program.config["compute_warps"]))

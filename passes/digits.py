@@ -18,9 +18,8 @@ of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_di
 Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: the
 token loop was faster or the same in every model measured, docs/performance.md, sessions 26-27;
 knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` whose
-input is exactly the output of one tiled dense projection or of GQA attention (whose merging
-task writes a KV group's heads) at --tp 1, and no other tiled op takes that output as its
-input, that the producer writes the consumer's digits (`digits_for`) and
+input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
+that output as its input, that the producer writes the consumer's digits (`digits_for`) and
 the consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
 buffer `<consumer>.digits`. The schedule verifier (verify.py) sees the producer's fp32 output,
 which it still writes and the consumer still waits for: the digits are written before the same
@@ -43,23 +42,16 @@ def digits_floats(op) -> int:
 
 
 def _producer(program: Program, op):
-    """The one tiled dense projection or GQA attention whose whole output `op` reads, or
-    None."""
+    """The one tiled dense projection whose whole output `op` reads, or None."""
     g = program.graph
     x = op.inputs[0]
     if op.attrs.get("in_offset"):
         return None
     src = [o for o in g.producers(op.name) if x in o.outputs]
-    if len(src) != 1 or src[0].outputs[0] != x:
+    if len(src) != 1 or src[0].opcode not in DENSE_PROJECTIONS or src[0].outputs[0] != x:
         return None
     src = src[0]
-    if src.opcode == "attention":
-        made = src.attrs["n_heads"] * src.attrs["head_dim"]
-    elif src.opcode in DENSE_PROJECTIONS and is_tiled(program, src):
-        made = src.attrs["rows"]
-    else:
-        return None
-    if made != op.attrs["K"]:
+    if not is_tiled(program, src) or src.attrs["rows"] != op.attrs["K"]:
         return None
     # (a matvec_add that adds x as its residual reads its fp32 values, which stay)
     readers = [o for o in g.consumers(src.name) if o.inputs[0] == x and is_tiled(program, o)]
@@ -83,12 +75,8 @@ def ready_digits(program: Program) -> Program:
         src = _producer(program, op)
         if src is None:
             continue
-        if src.opcode == "attention":  # a task merges a KV group's heads
-            a = src.attrs
-            if a["n_heads"] // a["n_kv_heads"] * a["head_dim"] % GROUP_ROWS:
-                continue
-        elif any((t.rows[1] - t.rows[0]) % GROUP_ROWS or t.rows[0] % GROUP_ROWS
-                 for t in program.tasks_of(src.name)):
+        if any((t.rows[1] - t.rows[0]) % GROUP_ROWS or t.rows[0] % GROUP_ROWS
+               for t in program.tasks_of(src.name)):
             raise ScheduleError(f"op {src.name!r}: a task's rows are not whole groups of "
                                 f"{GROUP_ROWS}, which ready digits need")
         src.attrs["digits_for"] = op.name

@@ -220,12 +220,11 @@ READY = {**MMA, "ready_digits": True}
 READY_REL = 16 * DIGITS_REL
 
 
-# (spec, overrides, target, consumers per layer): llama-tiny's qkv, o_proj (attention's merge
-# writes them), gate/up and down read ready digits but the first layer's qkv (the embedding
-# makes its input), 8 x 8 tiles and 16 x 4 ones
+# (spec, overrides, target, consumers per layer): llama-tiny's qkv, gate/up and down read ready
+# digits but the first layer's qkv (the embedding makes its input), 8 x 8 tiles and 16 x 4 ones
 # (on 48 SMs: tasks of whole chunks); deepseek-v3-tiny with dense FFNs (MLA attention) its
 # gate/up's and attn_in_proj's (its o_proj does not tile here)
-READY_STEPS = [("llama-tiny", WIDE, "h200", 4), ("llama-tiny", WIDE4, small("h200-48", 48), 4),
+READY_STEPS = [("llama-tiny", WIDE, "h200", 3), ("llama-tiny", WIDE4, small("h200-48", 48), 3),
                (*VARIANTS["deepseek-v3-tiny-dense-wide"], "h200", 2)]
 
 

@@ -262,18 +262,17 @@ def test_cost_of_fp8_tiles_and_fp8_rows() -> None:
 
 def test_cost_of_ready_digits() -> None:
     """llama-3.1-8b FP8 (two layers) with ready digits: an op that reads them pays no digit
-    rounds, one that writes them READY_PRODUCER_NS (attention too); the first layer's qkv (its
-    input from the embedding) still converts, its down both reads and writes."""
+    rounds, one that writes them READY_PRODUCER_NS; the first layer's qkv (its input from the
+    embedding) still converts, its down both reads and writes."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b", overrides={"num_hidden_layers": 2}), "fp8")
     base, ready = (op_times_ns(schedule(spec, max_seq_len=256, tuning=t))
                    for t in ({"ready_digits": False}, {}))
-    rounds = {"qkv_proj": 1, "attention": 0, "o_proj": 1, "ffn.gate_up_proj": 1,
-              "ffn.down_proj": 2}
-    writes = {"attention": 1, "o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 1}
+    rounds = {"qkv_proj": 1, "o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 2}
+    writes = {"o_proj": 1, "ffn.gate_up_proj": 1, "ffn.down_proj": 1}
     for layer in (0, 1):
         for op, n in rounds.items():
             name = f"layers.{layer}.{op}"
-            reads = n and (layer, op) != (0, "qkv_proj")
+            reads = op != "o_proj" and (layer, op) != (0, "qkv_proj")
             writes_here = writes.get(op, 0) * (layer == 0 or op != "ffn.down_proj")
             assert ready[name] - base[name] == pytest.approx(
                 writes_here * READY_PRODUCER_NS - (n * DIGIT_ROUND_NS if reads else 0.0)), name
@@ -467,9 +466,9 @@ def test_sharding_splits_mla_heads_and_keeps_the_latent_path_replicated() -> Non
 
 def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_input() -> None:
     """Before / after the pass: with the knob 0 no op reads ready digits; by default every FP8
-    tile projection whose input is one tiled projection's or GQA attention's whole output (all
-    but the first layer's qkv, whose input the embedding makes) reads that producer's digits
-    from a buffer of its own, and the kernel is compiled with them."""
+    tile projection whose input is one tiled projection's whole output (all but the first
+    layer's qkv, whose input the embedding makes) reads that producer's digits from a buffer of
+    its own, and the kernel is compiled with them."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b"), "fp8")
     off, on = make_program(spec, tuning={"ready_digits": False}), make_program(spec)
     assert not any(op.attrs.get("ready_digits") or "digits_for" in op.attrs
@@ -477,8 +476,7 @@ def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_inp
     ready = {op.name for op in on.graph.ops() if op.attrs.get("ready_digits")}
     made_by = {op.attrs["digits_for"]: op.name for op in on.graph.ops() if "digits_for" in op.attrs}
     assert made_by.keys() == ready
-    assert len(ready) == 4 * spec.num_layers - 1 and "layers.0.qkv_proj" not in ready
-    assert made_by["layers.3.o_proj"] == "layers.3.attention"
+    assert len(ready) == 3 * spec.num_layers - 1 and "layers.0.qkv_proj" not in ready
     assert made_by["layers.3.ffn.gate_up_proj"] == "layers.3.o_proj"
     assert made_by["layers.3.ffn.down_proj"] == "layers.3.ffn.gate_up_proj"
     assert made_by["layers.4.qkv_proj"] == "layers.3.ffn.down_proj"

@@ -1518,30 +1518,28 @@ __device__ __forceinline__ int digit_byte(int k, int c) {
   return ((o >> 4) * S + j) * 64 + (o & 15);
 }
 
-// A producer's rows [row0, row0 + rows) of its consumer's input as that consumer's digits,
-// after its epilogue left row i's value in shared memory at y[i * stride] (a projection: its
-// row sums in s.acc; GQA attention's merge: a KV group's heads). A lane a row, its rows placed
-// so that a chunk's 16 columns are a half-warp's lanes: a group meets by shuffles on its
-// exponent, and a chunk the task holds whole is written as its 64 bytes, a word a lane (whole
-// 32-byte sectors: L2 merges no partial ones); a chunk shared with the neighbouring task (at
-// most one at each end) a byte at a time. `gamma0`: the consumer's norm weight of this thread's
-// first row, loaded with the residual so that the tail waits for no load (digit_first_row says
-// which row that is).
-__device__ __forceinline__ int digit_first_row(int row0, int ct) { return ct - (row0 & 15); }
-__device__ void put_ready_digits(const Params& p, const int* t, const float* y, int stride, int row0, int rows,
-                                 float gamma0, int ct) {
+// A producer's rows as its consumer's digits, after its epilogue left each row's value y in
+// s.acc[i * halves]. A lane a row, its rows placed so that a chunk's 16 columns are a
+// half-warp's lanes: a group meets by shuffles on its exponent, and a chunk the task holds
+// whole is written as its 64 bytes, a word a lane (whole 32-byte sectors: L2 merges no partial
+// ones); a chunk shared with the neighbouring task (at most one at each end) a byte at a time.
+// `gamma0`: the consumer's norm weight of this thread's first row, loaded with the residual so
+// that the tail waits for no load (digit_first_row says which row that is).
+__device__ __forceinline__ int digit_first_row(const int* t, int ct) { return ct - (t[F_ROW0] & 15); }
+__device__ void put_ready_digits(const Params& p, Shared& s, const int* t, int rows, int halves, float gamma0,
+                                 int ct) {
   constexpr int NT = COMPUTE_WARPS * 32;
   compute_sync();
-  const int k = t[F_DIGITS_K], lane = ct & 31, e = lane & 15;
+  const int k = t[F_DIGITS_K], row0 = t[F_ROW0], lane = ct & 31, e = lane & 15;
   uint8_t* __restrict__ digits = reinterpret_cast<uint8_t*>(p.act + t[F_DIGITS_OUT]);
   int8_t* __restrict__ exps = reinterpret_cast<int8_t*>(digits + 4 * k);
   float* __restrict__ sums = reinterpret_cast<float*>(exps + k / DIGIT_GROUP);
   const bool norm = t[F_DIGITS_GAMMA] >= 0;
-  for (int i = digit_first_row(row0, ct); i - lane < rows; i += NT) {  // warp-uniform
+  for (int i = digit_first_row(t, ct); i - lane < rows; i += NT) {  // warp-uniform
     const bool mine = i >= 0 && i < rows;
-    const float x = mine ? y[i * stride] : 0.f;
-    const float v = norm && mine ? x * (i == digit_first_row(row0, ct) ? gamma0 : p.act[t[F_DIGITS_GAMMA] + row0 + i]) : x;
-    float m = fabsf(v), ss = x * x;
+    const float y = mine ? s.acc[i * halves] : 0.f;
+    const float v = norm && mine ? y * (i == digit_first_row(t, ct) ? gamma0 : p.act[t[F_DIGITS_GAMMA] + row0 + i]) : y;
+    float m = fabsf(v), ss = y * y;
 #pragma unroll
     for (int x = 1; x < DIGIT_GROUP; x <<= 1) {
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, x));
@@ -2107,7 +2105,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
 #endif
   const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
 #if READY_DIGITS  // and the digits' consumer's norm weight of this thread's first row
-  const int first = digit_first_row(row0, ct);
+  const int first = digit_first_row(t, ct);
   const float gamma0 = t[F_DIGITS_OUT] >= 0 && t[F_DIGITS_GAMMA] >= 0 && first >= 0 && first < rows
                            ? p.act[t[F_DIGITS_GAMMA] + row0 + first] : 1.f;
 #endif
@@ -2153,7 +2151,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   }
   if (epi == EPI_ARGMAX) write_best(p, s, t, best, best_row, ct);  // of the logits
 #if READY_DIGITS
-  if (t[F_DIGITS_OUT] >= 0) put_ready_digits(p, t, s.acc, halves, row0, rows, gamma0, ct);
+  if (t[F_DIGITS_OUT] >= 0) put_ready_digits(p, s, t, rows, halves, gamma0, ct);
 #endif
 }
 
@@ -2505,17 +2503,8 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
 #pragma unroll
   for (int e = 0; e < OUTS; ++e) {
     const int i = ct + e * COMPUTE_WARPS * 32;
-    if (i < GROUP * HEAD_DIM) {
-      const float y = num[e] / den[i / HEAD_DIM];
-      __stcg(o + i, y);
-#if READY_DIGITS
-      out[i] = y;  // for put_ready_digits: the merge no longer reads the chunk's own slot
-#endif
-    }
+    if (i < GROUP * HEAD_DIM) __stcg(o + i, num[e] / den[i / HEAD_DIM]);
   }
-#if READY_DIGITS  // o_proj's digits of the group's heads
-  if (t[F_DIGITS_OUT] >= 0) put_ready_digits(p, t, out, 1, g * GROUP * HEAD_DIM, GROUP * HEAD_DIM, 1.f, ct);
-#endif
   return true;
 }
 #endif  // !MLA
