@@ -15,8 +15,8 @@ group's digits down by whole digits: each value is kept to 2^-12 of its block's 
 (stage_digits: 2^-16). A group's exponent and, where the consumer normalizes its input, its sum
 of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_digits).
 
-Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: the
-token loop was faster or the same in every model measured, docs/performance.md, sessions 26-27;
+Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: a
+decode step was as fast or faster in every model measured, docs/performance.md, sessions 26-27;
 knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` whose
 input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
 that output as its input, that the producer writes the consumer's digits (`digits_for`) and

@@ -10,8 +10,8 @@ a repeated single step's logits move (the FP8 tile sums and rows split over warp
 memory in whatever order the warps come: not bit-identical), the smallest gap between a step's
 two best logits, and where the three token lists first part with the gap there (a near tie that
 a difference in the last bits may flip); gaps and differences relative to the step's largest
-|logit|. The GPU test `test_token_loop_equals_single_steps`
-asks the same of tokens only; this says which of the three differs and by how much.
+|logit|. The GPU test `test_token_loop_equals_single_steps` asks about tokens only; this says
+which of the three differs and by how much.
 """
 
 from __future__ import annotations
