@@ -62,16 +62,16 @@ def ready_digits(program: Program) -> Program:
     asked = program.config["tuning"].get("ready_digits")
     if asked is False:
         return program
-    if not program.spec.weight_format.is_fp8 or program.tp > 1:
+    tiled = [op for op in program.graph.ops()
+             if op.opcode in DENSE_PROJECTIONS and is_tiled(program, op)]
+    if not tiled:
         if asked:
             raise ScheduleError("ready_digits has the producers of FP8 tile tasks' inputs "
                                 "write their digits: it needs FP8 tiles (--weight-dtype fp8, "
-                                "--tp 1)")
+                                "--tp 1, the cuda backend, fp8_mma not 0)")
         return program
     pairs = []
-    for op in program.graph.ops():
-        if op.opcode not in DENSE_PROJECTIONS or not is_tiled(program, op):
-            continue
+    for op in tiled:
         src = _producer(program, op)
         if src is None:
             continue

@@ -485,10 +485,12 @@ def test_ready_digits_pair_each_tiled_projection_with_the_one_that_makes_its_inp
     assert constants(on)["READY_DIGITS"] == 1 and "READY_DIGITS" not in constants(off)
 
 
-@pytest.mark.parametrize(("weight_dtype", "tp"), [("bf16", 1), ("fp8", 2)])
-def test_ready_digits_without_fp8_tiles_are_refused(weight_dtype: str, tp: int) -> None:
+@pytest.mark.parametrize(("weight_dtype", "tp", "tuning"),
+                         [("bf16", 1, {}), ("fp8", 2, {}), ("fp8", 1, {"fp8_mma": False})])
+def test_ready_digits_without_fp8_tiles_are_refused(weight_dtype: str, tp: int,
+                                                    tuning: dict) -> None:
     """Asked for without FP8 tiles: refused; by default: none, silently."""
     spec = with_weight_dtype(load_spec("llama-3.1-8b"), weight_dtype)
     with pytest.raises(ScheduleError, match="ready_digits .* needs FP8 tiles"):
-        make_program(spec, tp=tp, tuning={"ready_digits": True})
-    assert "READY_DIGITS" not in constants(make_program(spec, tp=tp))
+        make_program(spec, tp=tp, tuning={**tuning, "ready_digits": True})
+    assert "READY_DIGITS" not in constants(make_program(spec, tp=tp, tuning=tuning))

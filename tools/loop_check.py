@@ -38,18 +38,18 @@ def check(artifact: Path, prompt_len: int, tokens: int) -> None:
         loops.append(list(engine.generate(prompt, max_new_tokens=tokens)))
     engine.position = 0
     engine.prefill(prompt[:-1])
-    tok, stepped, logits, repeat_diff = int(prompt[-1]), [], [], 0.0
+    tok, stepped, gaps, repeat_diff = int(prompt[-1]), [], [], 0.0
     for _ in range(tokens):
         pos = engine.position
         nxt, out = engine.step(tok)
         engine.position = pos  # the same step again: the same KV entry is rewritten
         _, out_again = engine.step(tok)
-        scale = float(out.float().abs().max())
-        repeat_diff = max(repeat_diff, float((out - out_again).float().abs().max()) / scale)
+        out = out.float()
+        scale = float(out.abs().max())
+        repeat_diff = max(repeat_diff, float((out - out_again.float()).abs().max()) / scale)
+        gaps.append(float(out.topk(2).values.diff().abs()) / scale)
         tok = nxt
         stepped.append(tok)
-        logits.append(out.float().cpu())
-    gaps = [float(x.topk(2).values.diff().abs()) / float(x.abs().max()) for x in logits]
     print(f"{artifact}: a single step repeated differs by at most {repeat_diff:.3g} of the "
           f"largest |logit|; the smallest top-2 gap of a step is {min(gaps):.3g} of it (step "
           f"{gaps.index(min(gaps))})")
