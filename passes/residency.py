@@ -32,6 +32,7 @@ from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.digits import digits_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
+from tilertc.passes.roles import COMPUTE_WARPS
 from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
 
@@ -116,6 +117,18 @@ def _tile_staged_floats(op) -> int:
     return k * (2 if op.opcode in NORMED else 1) + k // 128
 
 
+def _tile_floats(program: Program, op) -> int:
+    """An FP8 tile task's input and, past it, the row sums of every compute warpgroup but the
+    first (which adds into the row sums' own space; decode.cuh: tile_sums)."""
+    warps = program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
+    return _tile_staged_floats(op) + (warps // 4 - 1) * _row_sums(op)
+
+
+def _row_sums(op) -> int:
+    """The most row sums a task of a matrix-vector op keeps (a gate/up row's two halves)."""
+    return _most_rows(op) * (2 if op.attrs.get("interleave") else 1)
+
+
 def _most_rows(op) -> int:
     """The most output rows a task of a matrix-vector op has."""
     tile = op.attrs["tile"]
@@ -147,7 +160,7 @@ def place(program: Program) -> Program:
                 f"op {op.name!r}: head_dim {op.attrs['head_dim']} is not a multiple of 8; "
                 "KV-cache rows must be whole 16-byte pieces for bulk copies"
             )
-    max_k = max(_tile_staged_floats(op) if is_tiled(program, op) else op.attrs["K"]
+    max_k = max(_tile_floats(program, op) if is_tiled(program, op) else op.attrs["K"]
                 for op in mv_ops)
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
@@ -169,10 +182,7 @@ def place(program: Program) -> Program:
                   if op.opcode == "ffn_split_k"), default=0)
     vec_floats = max(max_k, attn_floats, _staged_floats(program), widest)
     act_smem = vec_floats * 4
-    acc_floats = max(
-        _most_rows(op) * (2 if op.attrs.get("interleave") else 1)
-        for op in mv_ops if op.opcode != "ffn_split_k"
-    )
+    acc_floats = max(_row_sums(op) for op in mv_ops if op.opcode != "ffn_split_k")
     acc_floats = max(acc_floats, 2 * widest)
     ring = tgt.smem_per_block - smem_bytes(0, 0, vec_floats, acc_floats)
     max_row = max(stream_row_bytes(program, op) for op in mv_ops)

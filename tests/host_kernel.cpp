@@ -182,7 +182,10 @@ struct Warp {
 };
 static Warp warps[COMPUTE_WARPS];
 
+static Barrier warpgroup_bars[COMPUTE_WARPS / 4];
+
 static inline void compute_sync() { block_bar.arrive_and_wait(); }
+static inline void warpgroup_sync(int k) { warpgroup_bars[k].arrive_and_wait(); }
 static inline void __syncwarp() { warps[tl_ct >> 5].bar.arrive_and_wait(); }
 template <class T> static T lane_value(T v, int src) {  // every lane of the warp calls this
   Warp& w = warps[tl_ct >> 5];
@@ -222,6 +225,7 @@ static void run_block(const std::function<void(int)>& f) {
   body = &f;
   block_bar = {THREADS, 0, 0};
   for (auto& w : warps) w.bar = {32, 0, 0};
+  for (auto& b : warpgroup_bars) b = {128, 0, 0};
   for (int ct = 0; ct < THREADS; ++ct) {
     Fiber& fb = fibers[ct];
     fb.stack.resize(1 << 16);

@@ -213,6 +213,21 @@ def test_moe_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: d
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
 
 
+@pytest.mark.parametrize(("name", "overrides", "target"), [
+    ("llama-tiny", WIDE, small("h200-48", 48)),
+    ("deepseek-v3-tiny", {"moe_intermediate_size": 1024}, small("h200-5", 5))])
+def test_warpgroups_sum_the_tiles_in_order_on_the_host(tmp_path: Path, name: str,
+                                                       overrides: dict, target: Any) -> None:
+    """The steps above with 8 compute warps: two warpgroups share a page's units, so a tile's
+    units go to both, each adds its warps' sums into its own row sums (tile_sums) and the task
+    adds those up at its end; against the interpreter."""
+    spec = fp8_spec(name, overrides)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20,
+                                                    {**MMA, "compute_warps": 8})
+    assert program.config["compute_warps"] == 8
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
+
+
 # Ready digits (passes/digits.py) hold each value to 2^-12 of its block's largest |x| (a group's
 # exponent rounded up to a digit, up to 3 bits; the digits moved down to the block's, the
 # lowest dropped), against stage_digits' 2^-16: 16x its tolerance.

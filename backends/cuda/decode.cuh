@@ -194,6 +194,8 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
   return static_cast<uint64_t>((smem_addr(p) & 0x3ffff) >> 4) | static_cast<uint64_t>(lbo >> 4) << 16 |
          static_cast<uint64_t>(sbo >> 4) << 32;
 }
+// Named barrier 2 + k spans compute warpgroup k (barrier 1: compute_sync).
+__device__ __forceinline__ void warpgroup_sync(int k) { asm volatile("bar.sync %0, 128;" ::"r"(2 + k) : "memory"); }
 // D (+)= A B, A 64 x 32 e4m3, B 32 x N e4m3, D 64 x N f32 over the warpgroup: warp w's lane
 // (g = lane / 4, q = lane % 4) holds d[4 i + 0, 1] = D[16 w + g][8 i + 2 q, + 1] and
 // d[4 i + 2, 3] = D[16 w + g + 8][the same columns]. `accumulate` 0: D = A B.
@@ -1886,6 +1888,20 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 }
 
 #if FP8_MMA
+// A tile task's row sums, warpgroup k's own (tile_pages): s.acc for the first, and for the
+// others the end of the input vector's space, past the task's staged input (passes/residency.py
+// sizes it so); `n`: the task's rows x halves. A warpgroup's stage: a flush's row sums of its 4
+// warps, TILE_STAGE_ROWS each (a tile's rows of a warp: 8, or 16 for S = 4), two of them used in
+// turn, at the end of s.red (no reduction in a tile task's page loop uses that part).
+constexpr int TILE_WARPGROUPS = COMPUTE_WARPS / 4, TILE_STAGE_ROWS = 16;
+static_assert(4 * COMPUTE_WARPS + 2 + TILE_WARPGROUPS * 2 * 4 * TILE_STAGE_ROWS <= MISC_FLOATS,
+              "the warpgroups' stages overlap the matrix-vector reductions' slots in s.red");
+__device__ __forceinline__ float* tile_sums(const Shared& s, int n, int k) {
+  return k == 0 ? s.acc : s.vec + MAX_K - (TILE_WARPGROUPS - k) * n;
+}
+__device__ __forceinline__ float* tile_stage(const Shared& s, int wgi, int parity) {
+  return s.red + MISC_FLOATS - (2 * wgi + parity + 1) * 4 * TILE_STAGE_ROWS;
+}
 // matvec_pages of an FP8 tile task of S segments (the input staged by stage_digits): a page
 // holds whole units. The warpgroups of the page group take the page's units in turn, a unit's
 // 128-column blocks (one or two) one after the other, each 4 wgmma k32 steps into D. Then a
@@ -1893,8 +1909,13 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
 // 2 w + q / 2, its 2 values of digits 2 (q % 2) and + 1; S = 4: rows g and g + 8, segment w, 4
 // values in lanes with q / 2 = w % 2, none in the others) times the block's weight scale and x's
 // digit factors into its sums y of the tile. When its next unit is another tile's, and at the end
-// of the page, the 4 lanes of a row add up theirs and one adds the warp's into s.acc (zeroed by
-// the caller). Whole units rather than (unit, block) items in turn: a warp flushes half as often
+// of the page, the warpgroup flushes: the 4 lanes of a row add up theirs, each warp leaves its
+// row sums in the warpgroup's stage (tile_stage), and after the warpgroup's barrier warp 0 adds
+// the four in warp order to the warpgroup's own sums (tile_sums), which the task adds up in
+// warpgroup order at its end. So every row's sum is added in one order, the same bits every run;
+// float atomicAdd on shared memory (a compare-and-swap loop, 4 warps on the same rows) made no
+// order and cost ~9 us a layer of qwen3-32b (docs/performance.md, session 28). Whole units
+// rather than (unit, block) items in turn: a warp flushes half as often
 // and walks half the items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b
 // gate/up pages of 4 units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
 // A MoE down task's units come piece by piece (copy_pieces), each piece over its own digits;
@@ -1912,14 +1933,29 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
   const float* factor = s.vec + t[F_K];
-  const auto flush = [&](int tile, float (&y)[ROWS]) {  // warp-uniform
+  const int sums_n = (t[F_ROW1] - t[F_ROW0]) * halves, wgi = (group * GROUP_WARPS + gw) / 4;
+  float* sums = tile_sums(s, sums_n, wgi);
+  int parity = 0;
+  const auto flush = [&](int tile, float (&y)[ROWS]) {  // warpgroup-uniform
+    float* stage = tile_stage(s, wgi, parity);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
       y[r] += __shfl_xor_sync(0xffffffffu, y[r], 1);
       y[r] += __shfl_xor_sync(0xffffffffu, y[r], 2);
-      if (q == 0) atomicAdd(&s.acc[(tile / halves * R + g + 8 * r) * halves + tile % halves], y[r]);
+      if (q == 0) stage[w * TILE_STAGE_ROWS + g + 8 * r] = y[r];
       y[r] = 0.f;
     }
+    warpgroup_sync(wgi);
+    // warp 0 reads this stage before it reaches the next flush's barrier, which every warp
+    // passes before it writes this stage again (two flushes on)
+    if (w == 0 && q == 0)
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) {
+        const int at = g + 8 * r;
+        sums[(tile / halves * R + at) * halves + tile % halves] +=
+            ((stage[at] + stage[TILE_STAGE_ROWS + at]) + stage[2 * TILE_STAGE_ROWS + at]) + stage[3 * TILE_STAGE_ROWS + at];
+      }
+    parity ^= 1;
   };
   for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
     float y[ROWS] = {};
@@ -1967,6 +2003,12 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
     }
     if (tile >= 0) flush(tile, y);
   });
+  compute_sync();  // every warpgroup's sums are in
+  for (int i = (group * GROUP_WARPS + gw) * 32 + lane; i < sums_n; i += COMPUTE_WARPS * 32) {
+    float v = s.acc[i];
+    for (int k = 1; k < TILE_WARPGROUPS; ++k) v += tile_sums(s, sums_n, k)[i];
+    s.acc[i] = v;
+  }
 }
 #endif
 
@@ -2098,6 +2140,11 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
   for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+#if FP8_MMA  // and the other warpgroups' sums of a tile task (tile_pages)
+  if (t[F_W_FORMAT] == WF_FP8_TILES)
+    for (int i = ct; i < (TILE_WARPGROUPS - 1) * rows * halves; i += COMPUTE_WARPS * 32)
+      tile_sums(s, rows * halves, 1)[i] = 0.f;
+#endif
 #if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
   const bool add = adds_residual(t) && t[F_XCHG] < 0;
 #else
