@@ -1922,6 +1922,21 @@ __device__ __forceinline__ float* tile_stage(const Shared& s, int wgi, int parit
 // finding a unit's piece costs divisions, which only such a task pays (in every unit of every
 // tile task they had made a page ~0.4 us longer).
 static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups");
+// The sums of a thread's D values d[4 U] .. d[4 U + 3] that lie in its rows' own segment (see
+// tile_pages), digit factors f0 (even v) and f1 (odd v) applied.
+template <int S, int U, int ND, int ROWS>
+__device__ __forceinline__ void fold_segment(const float (&d)[ND], float (&sum)[ROWS], int q, int w, float f0,
+                                             float f1) {
+  if constexpr (S == 8) {
+    const float e0 = d[4 * U], e1 = d[4 * U + 1], e2 = d[4 * U + 2], e3 = d[4 * U + 3];
+    sum[0] = (q & 2 ? e2 : e0) * f0 + (q & 2 ? e3 : e1) * f1;
+  } else if constexpr (U < 2) {  // S = 4: U = w / 2
+    if ((q >> 1) == (w & 1)) {
+      sum[0] = d[4 * U] * f0 + d[4 * U + 1] * f1;
+      sum[1] = d[4 * U + 2] * f0 + d[4 * U + 3] * f1;
+    }
+  }
+}
 template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves, uint32_t& consumed,
                            int lane, int group, int gw) {
@@ -1990,11 +2005,16 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
         }
         wgmma_commit();
         wgmma_wait_all();
+        // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2, in the row's own
+        // segment where column / 4 = row / R: S = 8, v = 4 w + (q & 2) and the next; S = 4, v =
+        // 4 (w / 2) .. + 3 where q / 2 = w % 2. A switch on the warp's part names them with
+        // constant indices (one that varies, even by warp, would put d in local memory).
         float sum[ROWS] = {};
-#pragma unroll
-        for (int v = 0; v < N / 2; ++v) {  // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2
-          const int row = 16 * w + g + 8 * (v % 4 / 2), col = 8 * (v / 4) + 2 * q + v % 2;
-          if (col / TILE_DIGITS == row / R) sum[ROWS == 1 ? 0 : v % 4 / 2] += d[v] * (v % 2 ? f1 : f0);
+        switch (S == 8 ? w : w / 2) {
+          case 0: fold_segment<S, 0, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
+          case 1: fold_segment<S, 1, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
+          case 2: fold_segment<S, 2, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
+          default: fold_segment<S, 3, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
         }
         const float f = scale[j * blocks + b] * factor[piece * per_piece + j * per_segment + part * blocks + b];
 #pragma unroll
