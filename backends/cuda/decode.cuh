@@ -1915,9 +1915,9 @@ __device__ __forceinline__ float* tile_stage(const Shared& s, int wgi, int parit
 // warpgroup order at its end. So every row's sum is added in one order, the same bits every run;
 // float atomicAdd on shared memory (a compare-and-swap loop, 4 warps on the same rows) made no
 // order and cost ~9 us a layer of qwen3-32b (docs/performance.md, session 28). Whole units
-// rather than (unit, block) items in turn: a warp flushes half as often
-// and walks half the items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b
-// gate/up pages of 4 units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
+// rather than (unit, block) items in turn: a warp flushes half as often and walks half the
+// items, and a page's compute fell from 2.2 to 1.5 us (H200, llama-3.1-8b gate/up pages of 4
+// units, docs/performance.md), under the ~1.7 us its bytes take to arrive.
 // A MoE down task's units come piece by piece (copy_pieces), each piece over its own digits;
 // finding a unit's piece costs divisions, which only such a task pays (in every unit of every
 // tile task they had made a page ~0.4 us longer).
