@@ -214,17 +214,17 @@ def test_attention_chunks_over_several_ring_pages(tmp_path) -> None:
 
 
 # How far two runs of one step may put the best logit above another's, relative to the largest
-# |logit|, for the other to count as a tie: FP8 tile sums (and rows that several warps share) add
-# in shared memory in the order the warps come, and a repeated step's logits moved by up to
-# 6.9e-4 of the largest with ready digits, 2e-4 without, 4.6e-6 in bf16 (llama-3.2-1b, H200,
-# tools/loop_check.py, session 28)
-NEAR_TIE = 2e-3
+# |logit|, for the other to count as a tie: bf16 rows that several warps share add in shared
+# memory in the order the warps come, and a repeated step's logits moved by up to 4.6e-6 of the
+# largest (llama-3.2-1b bf16, H200, tools/loop_check.py, session 28). FP8 tiles and rows repeat
+# a step to the bit (session 29).
+NEAR_TIE = 1e-4
 
 
-def test_token_loop_equals_single_steps(engine: Engine) -> None:
+def test_token_loop_equals_single_steps(engine: Engine, near_tie: float = NEAR_TIE) -> None:
     """A launch of 32 steps, the kernel feeding itself its tokens, against one launch a step
     fed the loop's tokens: every step chooses the loop's token, or one whose logit the loop's
-    is within NEAR_TIE of (at most a few such steps)."""
+    is within `near_tie` of (at most a few such steps)."""
     gen = torch.Generator().manual_seed(11)
     prompt = torch.randint(0, engine.spec.vocab_size, (PREFILL,), generator=gen)
     engine.position = 0
@@ -236,7 +236,7 @@ def test_token_loop_equals_single_steps(engine: Engine) -> None:
         got, logits = engine.step(tok)
         if got != want:
             gap = float(logits.max() - logits[want]) / float(logits.abs().max())
-            assert gap <= NEAR_TIE, f"step {i}: loop {want}, single step {got} (gap {gap:.3g})"
+            assert gap <= near_tie, f"step {i}: loop {want}, single step {got} (gap {gap:.3g})"
             ties += 1
         tok = want
     assert ties <= 2, f"{ties} of 32 steps chose another token within a tie"
