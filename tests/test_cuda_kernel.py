@@ -214,10 +214,10 @@ def test_attention_chunks_over_several_ring_pages(tmp_path) -> None:
 
 
 # How far two runs of one step may put the best logit above another's, relative to the largest
-# |logit|, for the other to count as a tie: bf16 rows that several warps share add in shared
-# memory in the order the warps come, and a repeated step's logits moved by up to 4.6e-6 of the
-# largest (llama-3.2-1b bf16, H200, tools/loop_check.py, session 28). FP8 tiles and rows repeat
-# a step to the bit (session 29).
+# |logit|, for the other to count as a tie: rows that several warps share add in shared memory
+# in the order the warps come, and a repeated step's logits moved by up to 4.6e-6 of the
+# largest (llama-3.2-1b bf16, H200, tools/loop_check.py, session 28). FP8 tile sums add in a
+# fixed order (session 29).
 NEAR_TIE = 1e-4
 
 

@@ -6,13 +6,12 @@ GPU machine:
 For each artifact, on its random weights (seed 1234, as the GPU tests load them) and one random
 prompt: greedy tokens from two launches of `--tokens` steps each, and from as many one-step
 launches, with the logits of every single step kept and each step repeated once. Prints how far
-a repeated single step's logits move (bf16 rows split over warps add in shared memory in
-whatever order the warps come: not bit-identical; FP8 tiles and rows should move by 0), the
-smallest gap between a step's two best logits, and where the three token lists first part
-with the gap there (a near tie that a difference in the last bits may flip); gaps and
-differences relative to the step's largest |logit|. The GPU test
-`test_token_loop_equals_single_steps` asks about tokens only; this says which of the three
-differs and by how much.
+a repeated single step's logits move (rows split over warps add in shared memory in whatever
+order the warps come: not bit-identical; FP8 tile sums add in a fixed order), the smallest gap
+between a step's two best logits, and where the three token lists first part with the gap there
+(a near tie that a difference in the last bits may flip); gaps and differences relative to the
+step's largest |logit|. The GPU test `test_token_loop_equals_single_steps` asks about tokens
+only; this says which of the three differs and by how much.
 """
 
 from __future__ import annotations
