@@ -32,7 +32,7 @@ from tilertc.ir.graph import TensorKind
 from tilertc.ir.sampling import partials_floats
 from tilertc.passes.digits import digits_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
-from tilertc.passes.roles import COMPUTE_WARPS
+from tilertc.passes.roles import compute_warps
 from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
 
@@ -120,8 +120,7 @@ def _tile_staged_floats(op) -> int:
 def _tile_floats(program: Program, op) -> int:
     """An FP8 tile task's input and, past it, the row sums of every compute warpgroup but the
     first (which adds into the row sums' own space; decode.cuh: tile_sums)."""
-    warps = program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
-    return _tile_staged_floats(op) + (warps // 4 - 1) * _row_sums(op)
+    return _tile_staged_floats(op) + (compute_warps(program) // 4 - 1) * _row_sums(op)
 
 
 def _row_sums(op) -> int:

@@ -23,8 +23,14 @@ PAGE_GROUPS = 1  # >1 measured no faster on llama-3.2-1b yet (docs/performance.m
 REGS_PER_THREAD = 64  # the fewest the kernel is built to fit in
 
 
+def compute_warps(program: Program) -> int:
+    """The compute warps a CTA gets: the `compute_warps` knob, else COMPUTE_WARPS (passes
+    before this one, such as place, size per-warp state by it)."""
+    return program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
+
+
 def assign_roles(program: Program) -> Program:
-    warps = program.config.get("tuning", {}).get("compute_warps", COMPUTE_WARPS)
+    warps = compute_warps(program)
     threads = (warps + 1) * 32
     if threads * REGS_PER_THREAD > program.target.regs_per_sm:
         raise ScheduleError(
