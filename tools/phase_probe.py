@@ -1,7 +1,7 @@
 """Where one op's task time goes, phase by phase, on the GPU:
 
     python tools/phase_probe.py build ARTIFACT OUT --mark TEXT [--mark TEXT ...]  # here (nvcc)
-    python tools/phase_probe.py run OUT --op OP [--step S]                        # on a GPU
+    python tools/phase_probe.py run OUT --op OP [--step S] [--context N]          # on a GPU
 
 `build` makes a variant of ARTIFACT (tools/kernel_variant.py) in which compute thread 0, on
 reaching the line of kernel.cu that holds each --mark's TEXT (unique in the file; the line must
@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from kernel_variant import make_variant, summary
-from stream_probe import STEPS, spare_words, stamped_profile
+from stream_probe import STEPS, add_context_option, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
 
@@ -109,7 +109,7 @@ def phases(stamps: np.ndarray, log: np.ndarray, ops: list[str], ctas: np.ndarray
             {k: v / max(tasks, 1) for k, v in times.items()})
 
 
-def run(artifact: Path, op: str, step: int) -> None:
+def run(artifact: Path, op: str, step: int, context: int) -> None:
     from tilertc.artifact import model_spec, read_manifest
     from tilertc.engine import Engine
     from tilertc.ir.build import build_graph
@@ -120,11 +120,12 @@ def run(artifact: Path, op: str, step: int) -> None:
     m = read_manifest(artifact)
     weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
     engine = Engine.load(artifact, weights=weights, device="cuda")
-    profile, words = stamped_profile(engine, MARKS * 2)
+    profile, words = stamped_profile(engine, MARKS * 2, context)
     log = words.reshape(words.shape[0], MARKS, 2)
     ops = [fold_layer(o) for o in profile.ops]
     tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)
-    print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}; µs a task")
+    print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}, context {context};"
+          " µs a task")
     for key, us in mean_us.items():
         print(f"  {us:8.2f}  x{count[key]:<5.2f} {key}")
 
@@ -141,11 +142,12 @@ def main(argv: list[str]) -> int:
     r.add_argument("artifact", type=Path)
     r.add_argument("--op", required=True, help="an op, layers folded (e.g. attention)")
     r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
+    add_context_option(r)
     args = parser.parse_args(argv)
     if args.command == "build":
         print(summary(args.out, build(args.artifact, args.out, args.mark)))
     else:
-        run(args.artifact, args.op, args.step)
+        run(args.artifact, args.op, args.step, args.context)
     return 0
 
 

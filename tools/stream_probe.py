@@ -1,7 +1,7 @@
 """Where a matrix-vector task's time goes, page by page, on the GPU:
 
     python tools/stream_probe.py build ARTIFACT OUT [--pages N]   # here (nvcc, no GPU)
-    python tools/stream_probe.py run OUT [OUT ...] [--step S]     # on a GPU machine
+    python tools/stream_probe.py run OUT [OUT ...] [--step S] [--context N]  # on a GPU
 
 `build` makes a variant of ARTIFACT (tools/kernel_variant.py) whose kernel, while profiling,
 also stamps each page (globaltimer): when the loader issued it, when compute began to wait for
@@ -133,19 +133,21 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
     return out
 
 
-def stamped_profile(engine: Any, words: int) -> tuple[Any, np.ndarray]:
+def stamped_profile(engine: Any, words: int, context: int = 0) -> tuple[Any, np.ndarray]:
     """Decode STEPS steps with the task stamps on and room for `words` stamps per CTA past
-    them (after a warm-up decode: caches, clocks); the profile and the CTAs' words
-    [ctas, words]. Needs the GPU."""
+    them (after a warm-up decode: caches, clocks), from position `context`: the cache's
+    earlier rows are whatever the arena holds (zeros), which costs attention the same time
+    as a prefilled context. The profile and the CTAs' words [ctas, words]. Needs the GPU."""
     from tilertc.profile import profile_engine
 
     n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
+    engine.position = context
     list(engine.generate([1], max_new_tokens=8))
     profile = profile_engine(engine, 5, STEPS, -(-ctas * words // (n * 3)))
     return profile, profile.spare.reshape(-1)[:ctas * words].reshape(ctas, words)
 
 
-def run(artifacts: list[Path], step: int) -> None:
+def run(artifacts: list[Path], step: int, context: int) -> None:
     import torch
 
     from tilertc.artifact import model_spec, read_manifest
@@ -164,10 +166,10 @@ def run(artifacts: list[Path], step: int) -> None:
         for a in group:
             engine = Engine.load(a, weights=weights, device="cuda")
             pages = probe_pages(a)
-            profile, words = stamped_profile(engine, pages * 4)
+            profile, words = stamped_profile(engine, pages * 4, context)
             log = words.reshape(words.shape[0], pages, 4)
             ops = [fold_layer(o) for o in profile.ops]
-            print(f"== {a} (step {step} of {STEPS}; µs)")
+            print(f"== {a} (step {step} of {STEPS}, context {context}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
                   f" {'first page':>11s} {'stall/task':>11s} {'issue->seen':>12s}")
             for r in op_streams(profile.stamps, log, ops, profile.ctas, step):
@@ -176,6 +178,12 @@ def run(artifacts: list[Path], step: int) -> None:
                       f"{r.flight_us:12.2f}")
             del engine
             torch.cuda.empty_cache()
+
+
+def add_context_option(parser: argparse.ArgumentParser) -> None:
+    """`run`'s --context, shared by the probes."""
+    parser.add_argument("--context", type=int, default=0,
+                        help="the position the stamped steps start from [default: 0]")
 
 
 def main(argv: list[str]) -> int:
@@ -189,11 +197,12 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("run", help="decode with the stamps on and print per op (needs a GPU)")
     r.add_argument("artifacts", type=Path, nargs="+")
     r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
+    add_context_option(r)
     args = parser.parse_args(argv)
     if args.command == "build":
         print(summary(args.out, build(args.artifact, args.out, args.pages)))
     else:
-        run(args.artifacts, args.step)
+        run(args.artifacts, args.step, args.context)
     return 0
 
 

@@ -2264,7 +2264,7 @@ __device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, 
 // position, also does so for the new key and appends key and value to the cache. The chunk's
 // past keys and values arrive in ring pages (the loader's `load_kv_chunk`), this step's key is
 // in shared memory; each warp runs an online softmax over a share of the keys for all GROUP
-// query heads at once (each key read once), the warps merge in shared memory, and the chunk's
+// query heads at once, the warps merge in shared memory, and the chunk's
 // (max, sum, output) goes to global scratch. The last chunk task of the group to finish merges
 // all chunks and is the one that signals the attention op.
 //
@@ -2272,9 +2272,18 @@ __device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, 
 // row and of its value in one 8-byte (or 16-byte) load, so a score is reduced over those lanes
 // only (4 shuffles for head_dim 64, not 5) and the warp works on KEYS_PER_WARP keys at once. A
 // warp reads KEY_ROUNDS such sets before using any and rescales its running softmax once per
-// set, not once per key. Groups of more than 2 query heads per KV head take 4 dims per lane, so
-// that their running sums fit in registers.
-constexpr int KV_DIMS = GROUP <= 2 ? 8 : 4;
+// set, not once per key. A warp keeps running sums for SET_HEADS query heads: groups of more
+// than 4 heads are split into HEAD_SETS sets, each key read from shared memory by one warp of
+// each set, because 8 heads of 128 dims left the sums 32 registers more than the kernel's cap and
+// the inner loop spilled (Qwen3-32B: 5.6 of a task's 12 µs). Sets of more than 2 heads take 4
+// dims per lane, so that their sums fit in registers.
+constexpr int head_sets(int d = 1) {
+  return d == GROUP || (GROUP % d == 0 && GROUP / d <= 4 && GROUP_WARPS % d == 0) ? d : head_sets(d + 1);
+}
+constexpr int HEAD_SETS = head_sets(), SET_HEADS = GROUP / HEAD_SETS;
+static_assert(GROUP_WARPS % HEAD_SETS == 0, "every page group has a warp of each head set");
+constexpr int KEY_WARPS = COMPUTE_WARPS / HEAD_SETS;  // warps that read a key: one of each set
+constexpr int KV_DIMS = SET_HEADS <= 2 ? 8 : 4;
 static_assert(HEAD_DIM % KV_DIMS == 0, "cache rows are read in pieces of KV_DIMS dims");
 constexpr int pow2_at_least(int n) { return n <= 1 ? 1 : 2 * pow2_at_least((n + 1) / 2); }
 constexpr int LANES_PER_KEY = pow2_at_least(HEAD_DIM / KV_DIMS);
@@ -2285,12 +2294,13 @@ constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: o
 using KvPiece = std::conditional_t<KV_DIMS == 8, uint4, uint2>;
 // The warps' partial results are summed in shared memory without atomics: a float atomicAdd on
 // shared memory is a compare-and-swap loop, and 16 warps adding to the same addresses took most
-// of an attention task (Qwen3-30B-A3B, 8 query heads of 128: 16 µs). Warp w adds its rescaled
-// sums to slot w % WARP_SLOTS (slot 0 is the task's `out`; the others lie where the merge
-// stages chunk results later, room for ATTN_MERGE_CHUNKS of them), one slot-sized round of
-// warps at a time, then each sum is taken over the slots in order: the same bits every run.
-constexpr int WARP_SLOTS = COMPUTE_WARPS < ATTN_MERGE_CHUNKS + 1 ? COMPUTE_WARPS : ATTN_MERGE_CHUNKS + 1;
-static_assert((COMPUTE_WARPS + 1) * GROUP <= MISC_FLOATS, "the warps' and the chunk's maxima exceed s.red");
+// of an attention task (Qwen3-30B-A3B, 8 query heads of 128: 16 µs). The warps of key warp k
+// (one of each head set: warps k HEAD_SETS + [0, HEAD_SETS)) add their rescaled sums to slot
+// k % WARP_SLOTS (slot 0 is the task's `out`; the others lie where the merge stages chunk
+// results later, room for ATTN_MERGE_CHUNKS of them), one slot-sized round of key warps at a
+// time, then each sum is taken over the slots in order: the same bits every run.
+constexpr int WARP_SLOTS = KEY_WARPS < ATTN_MERGE_CHUNKS + 1 ? KEY_WARPS : ATTN_MERGE_CHUNKS + 1;
+static_assert((KEY_WARPS + 1) * GROUP <= MISC_FLOATS, "the warps' and the chunk's maxima exceed s.red");
 
 // KV_DIMS bf16 values of a cache row, widened.
 __device__ __forceinline__ void widen(const KvPiece& q, float (&f)[KV_DIMS]) {
@@ -2315,13 +2325,13 @@ __device__ __forceinline__ void merge_softmax(float& m, float& l, float (&acc)[K
   m = mx;
 }
 
-// The online softmax of the GROUP queries (q, in shared memory) over n keys whose bf16 rows
+// The online softmax of SET_HEADS queries (q, in shared memory) over n keys whose bf16 rows
 // (`keys`) and values' rows (`values`) are in shared memory: warp w of `warps` takes keys
 // w * KEYS_PER_WARP + [0, KEYS_PER_WARP), then every round of warps * KEYS_PER_WARP after.
 // Bounds are warp-uniform because the scores are reduced with shuffles.
 __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, const uint8_t* values, int n, int w,
-                                       int warps, int sub, int kw, float scale, float (&acc)[GROUP][KV_DIMS],
-                                       float (&m)[GROUP], float (&l)[GROUP]) {
+                                       int warps, int sub, int kw, float scale, float (&acc)[SET_HEADS][KV_DIMS],
+                                       float (&m)[SET_HEADS], float (&l)[SET_HEADS]) {
   const bool dims_on = sub * KV_DIMS < HEAD_DIM;
   const KvPiece* kp = reinterpret_cast<const KvPiece*>(keys) + sub;
   const KvPiece* vp = reinterpret_cast<const KvPiece*>(values) + sub;
@@ -2335,14 +2345,14 @@ __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, cons
       kr[u] = on ? kp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
       vr[u] = on ? vp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
     }
-    float sc[KEY_ROUNDS][GROUP];
+    float sc[KEY_ROUNDS][SET_HEADS];
 #pragma unroll
     for (int u = 0; u < KEY_ROUNDS; ++u) {
       float kf[KV_DIMS];
       widen(kr[u], kf);
       const bool on = wbase + u * round + kw < n;
 #pragma unroll
-      for (int h = 0; h < GROUP; ++h) {
+      for (int h = 0; h < SET_HEADS; ++h) {
         const float* qh = q + h * HEAD_DIM + sub * KV_DIMS;
         float d = 0.f;
 #pragma unroll
@@ -2353,7 +2363,7 @@ __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, cons
       }
     }
 #pragma unroll
-    for (int h = 0; h < GROUP; ++h) {
+    for (int h = 0; h < SET_HEADS; ++h) {
       float mx = m[h];
 #pragma unroll
       for (int u = 0; u < KEY_ROUNDS; ++u) mx = fmaxf(mx, sc[u][h]);
@@ -2444,9 +2454,12 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   const float scale = __int_as_float(t[F_SCALE]);
   const int sub = lane % LANES_PER_KEY, kw = lane / LANES_PER_KEY;  // the lane's dims and key
   const int group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
-  float acc[GROUP][KV_DIMS], m[GROUP], l[GROUP];
+  // the warp's query heads: set * SET_HEADS + [0, SET_HEADS); its key warp: kwarp
+  const int set = warp % HEAD_SETS, kwarp = warp / HEAD_SETS;
+  const float* qs = q + set * SET_HEADS * HEAD_DIM;
+  float acc[SET_HEADS][KV_DIMS], m[SET_HEADS], l[SET_HEADS];
 #pragma unroll
-  for (int h = 0; h < GROUP; ++h) {
+  for (int h = 0; h < SET_HEADS; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.f;
 #pragma unroll
@@ -2457,39 +2470,41 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   const KvChunk ch = kv_chunk(t, pos);
   for_each_page(p, s, ch.past, static_cast<long long>(KV_KEYS_PER_PAGE), group, consumed,
                 [&](const uint8_t* page, long long, long long n) {
-                  attend(q, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, static_cast<int>(n), gw, GROUP_WARPS, sub,
-                         kw, scale, acc, m, l);
+                  attend(qs, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, static_cast<int>(n), gw / HEAD_SETS,
+                         GROUP_WARPS / HEAD_SETS, sub, kw, scale, acc, m, l);
                 });
-  if (last_chunk) attend(q, cur, cur + KV_ROW_BYTES, 1, warp, COMPUTE_WARPS, sub, kw, scale, acc, m, l);
+  if (last_chunk) attend(qs, cur, cur + KV_ROW_BYTES, 1, kwarp, KEY_WARPS, sub, kw, scale, acc, m, l);
   // Merge the warp's keys (lanes with the same dims), then the warps: the chunk's max per head,
   // then rescaled sums accumulated in shared memory by the lanes of the warp's first key.
 #pragma unroll
   for (int o = LANES_PER_KEY; o < 32; o <<= 1)
 #pragma unroll
-    for (int h = 0; h < GROUP; ++h) {
+    for (int h = 0; h < SET_HEADS; ++h) {
       float acc2[KV_DIMS];
 #pragma unroll
       for (int j = 0; j < KV_DIMS; ++j) acc2[j] = __shfl_xor_sync(0xffffffffu, acc[h][j], o);
       const float m2 = __shfl_xor_sync(0xffffffffu, m[h], o), l2 = __shfl_xor_sync(0xffffffffu, l[h], o);
       merge_softmax(m[h], l[h], acc[h], m2, l2, acc2);
     }
-  float* wm = s.red;                        // [COMPUTE_WARPS][GROUP]: the warps' maxima
-  float* chunk_max = wm + COMPUTE_WARPS * GROUP;  // [GROUP]
+  // [KEY_WARPS][GROUP]: the warps' maxima (warp w's heads at w SET_HEADS), then the chunk's
+  float* wm = s.red;
+  float* chunk_max = wm + KEY_WARPS * GROUP;
   if (lane == 0)
-    for (int h = 0; h < GROUP; ++h) wm[warp * GROUP + h] = m[h];
+    for (int h = 0; h < SET_HEADS; ++h) wm[warp * SET_HEADS + h] = m[h];
   compute_sync();  // also: every warp is done reading `cur`, which the first slot after `out` overwrites
   if (ct < GROUP) {
     float mx = -INFINITY;
-    for (int w = 0; w < COMPUTE_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + ct]);
+    for (int w = 0; w < KEY_WARPS; ++w) mx = fmaxf(mx, wm[w * GROUP + ct]);
     chunk_max[ct] = mx;
   }
   compute_sync();
-  for (int round = 0; round * WARP_SLOTS < COMPUTE_WARPS; ++round) {
-    if (warp / WARP_SLOTS == round) {
-      float* slot = out + ((opaque(ct) >> 5) % WARP_SLOTS) * PART;  // opaque: no spill in llama-3.2-1b
+  for (int round = 0; round * WARP_SLOTS < KEY_WARPS; ++round) {
+    if (kwarp / WARP_SLOTS == round) {
+      // opaque: no spill in llama-3.2-1b
+      float* slot = out + ((opaque(ct) >> 5) / HEAD_SETS % WARP_SLOTS) * PART + set * SET_HEADS * (HEAD_DIM + 2);
 #pragma unroll
-      for (int h = 0; h < GROUP; ++h) {
-        const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - chunk_max[h]);
+      for (int h = 0; h < SET_HEADS; ++h) {
+        const float f = m[h] == -INFINITY ? 0.f : __expf(m[h] - chunk_max[set * SET_HEADS + h]);
         if (kw == 0 && sub * KV_DIMS < HEAD_DIM)
 #pragma unroll
           for (int j = 0; j < KV_DIMS; ++j) {
