@@ -213,6 +213,17 @@ def test_attention_chunks_over_several_ring_pages(tmp_path) -> None:
     check_teacher_forced(engine, prefill=600, steps=16)
 
 
+def test_eight_query_heads_a_kv_head_match_interpreter(tmp_path) -> None:
+    """Groups of 8 query heads of 128 dims a KV head (Qwen3-32B, Qwen3-30B-A3B) split the
+    heads over two sets of warps (decode.cuh: HEAD_SETS), each key read by a warp of each set;
+    teacher-forced logits match the interpreter with 16 compute warps on every chunk."""
+    spec = tilertc.load_spec("qwen3-tiny", overrides={"num_attention_heads": 16, "head_dim": 128})
+    engine = Engine.load(compile(spec, tmp_path, CompileOptions(max_seq_len=512)), random_seed=77)
+    k = engine.m["kernel"]["constants"]
+    assert (k["GROUP"], k["HEAD_DIM"], k["COMPUTE_WARPS"]) == (8, 128, 16)
+    check_teacher_forced(engine)
+
+
 # How far two runs of one step may put the best logit above another's, relative to the largest
 # |logit|, for the other to count as a tie: rows that several warps share add in shared memory
 # in the order the warps come, and a repeated step's logits moved by up to 4.6e-6 of the
