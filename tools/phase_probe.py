@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from kernel_variant import make_variant, summary
-from stream_probe import STEPS, add_context_option, spare_words, stamped_profile
+from stream_probe import STEPS, add_run_options, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
 
@@ -141,8 +141,7 @@ def main(argv: list[str]) -> int:
     r = sub.add_parser("run", help="decode with the marks on and print OP's phases (needs a GPU)")
     r.add_argument("artifact", type=Path)
     r.add_argument("--op", required=True, help="an op, layers folded (e.g. attention)")
-    r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
-    add_context_option(r)
+    add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "build":
         print(summary(args.out, build(args.artifact, args.out, args.mark)))

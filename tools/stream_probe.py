@@ -180,8 +180,10 @@ def run(artifacts: list[Path], step: int, context: int) -> None:
             torch.cuda.empty_cache()
 
 
-def add_context_option(parser: argparse.ArgumentParser) -> None:
-    """`run`'s --context, shared by the probes."""
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """The stamped decode's --step and --context, shared by the probes' `run`."""
+    parser.add_argument("--step", type=int, default=1,
+                        help=f"which of the {STEPS} steps [default: 1]")
     parser.add_argument("--context", type=int, default=0,
                         help="the position the stamped steps start from [default: 0]")
 
@@ -196,8 +198,7 @@ def main(argv: list[str]) -> int:
                    help="pages stamped per SM from a launch's start [default: 8192]")
     r = sub.add_parser("run", help="decode with the stamps on and print per op (needs a GPU)")
     r.add_argument("artifacts", type=Path, nargs="+")
-    r.add_argument("--step", type=int, default=1, help=f"which of the {STEPS} steps [default: 1]")
-    add_context_option(r)
+    add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "build":
         print(summary(args.out, build(args.artifact, args.out, args.pages)))

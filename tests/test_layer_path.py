@@ -1,0 +1,36 @@
+"""tools/layer_path.py: a layer's ops in the order they run, from stamps made up with known
+times, the layers folded into their mean and ops outside the layers left out."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tilertc.profile import StepProfile
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
+from layer_path import layer_path  # noqa: E402
+
+
+def test_the_path_from_known_stamps() -> None:
+    """Two layers of `qkv` (two tasks) then `attention` (one task), and an `embed` task before
+    them; ns (start, deps met, done). Layer 1 runs 10 µs after layer 0, and its attention's
+    dependencies are met 2 µs later in the layer than layer 0's."""
+    ops = ["embed", "layers.0.qkv", "layers.0.qkv", "layers.0.attention",
+           "layers.1.qkv", "layers.1.qkv", "layers.1.attention"]
+    layer0 = [[1000, 2000, 5000], [1000, 3000, 6000], [1500, 7000, 9000]]
+    layer1 = [[11000 + a, 11000 + b, 11000 + c] for a, b, c in layer0]
+    layer1[2][1] += 2000
+    stamps = np.array([[[0, 0, 800], *layer0, *layer1]], dtype=np.uint64)
+    profile = StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64))
+    path = layer_path(profile, 0)
+    assert [r.op for r in path] == ["qkv", "attention"]
+    qkv, attention = path
+    # layer times from the layer's first start (+1000 ns in layer 0)
+    assert (qkv.first_start, qkv.first_met, qkv.median_met) == pytest.approx((0.0, 1.0, 1.5))
+    assert (qkv.median_done, qkv.last_done, qkv.mean_task) == pytest.approx((4.5, 5.0, 3.0))
+    assert (attention.first_start, attention.first_met) == pytest.approx((0.5, 7.0))
+    assert (attention.last_done, attention.mean_task) == pytest.approx((8.0, 1.0))

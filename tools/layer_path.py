@@ -1,0 +1,99 @@
+"""A layer's critical path on the GPU, op after op, from the kernel's own task stamps:
+
+    python tools/layer_path.py ARTIFACT [--context N] [--step S]     # on a GPU machine
+
+Loads ARTIFACT with random weights, decodes a few steps with the stamps on from position N
+(the cache's earlier rows are whatever the arena holds, which costs attention the time of a
+real context) and prints, per op of a layer (layers folded: the mean over them), when its first
+task started, its first and median task had their dependencies met, its median and last task
+were done, in µs from the layer's first task start, and its mean task (dependencies met to
+done). Where `tilertc bench --profile` gives each op's span, this shows how the ops follow one
+another: how long an op waits for the last task of the one before, and how much of its
+weights the loaders fetched before it could start (first start well before first met).
+docs/performance.md, session 30, measured Qwen3-32B's attention this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from stream_probe import STEPS, add_run_options
+
+from tilertc.profile import DEPS_MET, DONE, START, StepProfile
+
+LAYER_OP = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+@dataclass(frozen=True)
+class OpOnPath:
+    """One op of a layer, mean over the layers, µs from the layer's first task start."""
+
+    op: str
+    first_start: float
+    first_met: float
+    median_met: float
+    median_done: float
+    last_done: float
+    mean_task: float  # dependencies met to done
+
+
+def layer_path(profile: StepProfile, step: int) -> list[OpOnPath]:
+    """The ops of a layer in the order they run in one, each the mean over the layers of
+    `step`; a layer's time 0 is the first start of any of its tasks."""
+    stamps = profile.since_start(step)
+    layers: dict[int, dict[str, list[int]]] = {}
+    for task, name in enumerate(profile.ops):
+        m = LAYER_OP.match(name)
+        if m:
+            layers.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(task)
+    rows: dict[str, list[list[float]]] = {}
+    for ops in layers.values():
+        t0 = min(stamps[tasks, START].min() for tasks in ops.values())
+        for op, tasks in ops.items():
+            s = stamps[tasks]
+            rows.setdefault(op, []).append([
+                s[:, START].min() - t0, s[:, DEPS_MET].min() - t0, np.median(s[:, DEPS_MET]) - t0,
+                np.median(s[:, DONE]) - t0, s[:, DONE].max() - t0,
+                float(np.mean(s[:, DONE] - s[:, DEPS_MET]))])
+    means = {op: np.mean(np.array(r), axis=0) / 1e3 for op, r in rows.items()}
+    return [OpOnPath(op, *map(float, m)) for op, m in sorted(means.items(), key=lambda i: i[1][1])]
+
+
+def run(artifact: Path, step: int, context: int) -> None:
+    from tilertc.artifact import model_spec, read_manifest
+    from tilertc.engine import Engine
+    from tilertc.ir.build import build_graph
+    from tilertc.ir.weights import random_weights
+    from tilertc.profile import profile_engine
+
+    m = read_manifest(artifact)
+    weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
+    engine = Engine.load(artifact, weights=weights, device="cuda")
+    engine.position = context
+    list(engine.generate([1], max_new_tokens=8))  # warm-up: caches, clocks
+    profile = profile_engine(engine, 5, STEPS)
+    print(f"== {artifact}: step {step} of {STEPS}, context {context}; µs from the layer's first "
+          "task start, mean over the layers")
+    print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"
+          f" {'last done':>9s} {'task':>6s}")
+    for r in layer_path(profile, step):
+        print(f"  {r.op:24s} {r.first_start:9.2f} {r.first_met:8.2f} {r.median_met:8.2f}"
+              f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f}")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("artifact", type=Path)
+    add_run_options(parser)
+    args = parser.parse_args(argv)
+    run(args.artifact, args.step, args.context)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
