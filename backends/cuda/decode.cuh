@@ -2263,8 +2263,8 @@ __device__ bool last_to_arrive(const Params& p, Shared& s, const int* t, int g, 
 // applies qk-norm (if the model has it) and RoPE; the last chunk, which holds the current
 // position, also does so for the new key and appends key and value to the cache. The chunk's
 // past keys and values arrive in ring pages (the loader's `load_kv_chunk`), this step's key is
-// in shared memory; each warp runs an online softmax over a share of the keys for all GROUP
-// query heads at once, the warps merge in shared memory, and the chunk's
+// in shared memory; each warp runs an online softmax over a share of the keys for a set of the
+// GROUP query heads (all of them, up to 4), the warps merge in shared memory, and the chunk's
 // (max, sum, output) goes to global scratch. The last chunk task of the group to finish merges
 // all chunks and is the one that signals the attention op.
 //
