@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from stream_probe import STEPS, add_run_options
+from stream_probe import STEPS, add_run_options, profile_at, random_engine
 
 from tilertc.profile import DEPS_MET, DONE, START, StepProfile
 
@@ -65,18 +65,7 @@ def layer_path(profile: StepProfile, step: int) -> list[OpOnPath]:
 
 
 def run(artifact: Path, step: int, context: int) -> None:
-    from tilertc.artifact import model_spec, read_manifest
-    from tilertc.engine import Engine
-    from tilertc.ir.build import build_graph
-    from tilertc.ir.weights import random_weights
-    from tilertc.profile import profile_engine
-
-    m = read_manifest(artifact)
-    weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
-    engine = Engine.load(artifact, weights=weights, device="cuda")
-    engine.position = context
-    list(engine.generate([1], max_new_tokens=8))  # warm-up: caches, clocks
-    profile = profile_engine(engine, 5, STEPS)
+    profile = profile_at(random_engine(artifact), context)
     print(f"== {artifact}: step {step} of {STEPS}, context {context}; µs from the layer's first "
           "task start, mean over the layers")
     print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"

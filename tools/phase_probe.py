@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 from kernel_variant import make_variant, summary
-from stream_probe import STEPS, add_run_options, spare_words, stamped_profile
+from stream_probe import STEPS, add_run_options, random_engine, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
 
@@ -110,17 +110,10 @@ def phases(stamps: np.ndarray, log: np.ndarray, ops: list[str], ctas: np.ndarray
 
 
 def run(artifact: Path, op: str, step: int, context: int) -> None:
-    from tilertc.artifact import model_spec, read_manifest
-    from tilertc.engine import Engine
-    from tilertc.ir.build import build_graph
-    from tilertc.ir.weights import random_weights
     from tilertc.profile import fold_layer
 
     labels = [m.strip() for m in json.loads((artifact / MARKS_FILE).read_text())]
-    m = read_manifest(artifact)
-    weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
-    engine = Engine.load(artifact, weights=weights, device="cuda")
-    profile, words = stamped_profile(engine, MARKS * 2, context)
+    profile, words = stamped_profile(random_engine(artifact), MARKS * 2, context)
     log = words.reshape(words.shape[0], MARKS, 2)
     ops = [fold_layer(o) for o in profile.ops]
     tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)

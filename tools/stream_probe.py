@@ -133,17 +133,35 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
     return out
 
 
-def stamped_profile(engine: Any, words: int, context: int = 0) -> tuple[Any, np.ndarray]:
-    """Decode STEPS steps with the task stamps on and room for `words` stamps per CTA past
-    them (after a warm-up decode: caches, clocks), from position `context`: the cache's
-    earlier rows are whatever the arena holds (zeros), which costs attention the same time
-    as a prefilled context. The profile and the CTAs' words [ctas, words]. Needs the GPU."""
+def random_engine(artifact: Path) -> Any:
+    """ARTIFACT loaded on the GPU with random weights (seed 0, as `tilertc bench` draws them)."""
+    from tilertc.artifact import model_spec, read_manifest
+    from tilertc.engine import Engine
+    from tilertc.ir.build import build_graph
+    from tilertc.ir.weights import random_weights
+
+    m = read_manifest(artifact)
+    weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
+    return Engine.load(artifact, weights=weights, device="cuda")
+
+
+def profile_at(engine: Any, context: int, spare_steps: int = 0) -> Any:
+    """Decode STEPS steps with the task stamps on (after a warm-up decode: caches, clocks)
+    from position `context`, with `spare_steps` rows of stamp room past them: the cache's
+    earlier rows are whatever the arena holds (zeros), which costs attention the same time as
+    a prefilled context. Needs the GPU."""
     from tilertc.profile import profile_engine
 
-    n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
     engine.position = context
     list(engine.generate([1], max_new_tokens=8))
-    profile = profile_engine(engine, 5, STEPS, -(-ctas * words // (n * 3)))
+    return profile_engine(engine, 5, STEPS, spare_steps)
+
+
+def stamped_profile(engine: Any, words: int, context: int = 0) -> tuple[Any, np.ndarray]:
+    """`profile_at` with room for `words` stamps per CTA past the profiled steps; the profile
+    and the CTAs' words [ctas, words]. Needs the GPU."""
+    n, ctas = engine.tasks.shape[0], engine.stream_offsets.numel() - 1
+    profile = profile_at(engine, context, -(-ctas * words // (n * 3)))
     return profile, profile.spare.reshape(-1)[:ctas * words].reshape(ctas, words)
 
 
