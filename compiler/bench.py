@@ -534,12 +534,14 @@ def finish(report: BenchReport, profile: StepProfile | None, out: Path,
 @contextmanager
 def stage_phases(console: Console) -> Iterator[Phase]:
     """Phases shown as `tilertc compile` shows its stages: a spinner and a clock for the one
-    running, the duration of each one done."""
+    running, the duration of each one done; an error between phases (a kernel refused before
+    it loads) marks none of them failed."""
     with StageDisplay(console) as stages:
 
         @contextmanager
         def phase(description: str) -> Iterator[None]:
             stages(description)
             yield
+            stages.finish()
 
         yield phase

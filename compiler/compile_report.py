@@ -38,12 +38,14 @@ class StageDisplay:
         self.current: TaskID | None = None
 
     def __call__(self, message: str) -> None:
-        self._finish()
+        self.finish()
         self.current = self.progress.add_task(message, total=1)
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """Marks the stage in progress done, so that an error after it is not shown as its."""
         if self.current is not None:
             self.progress.update(self.current, completed=1)
+            self.current = None
 
     def __enter__(self) -> StageDisplay:
         self.progress.start()
@@ -56,7 +58,7 @@ class StageDisplay:
             self.progress.update(self.current, description=f"[red]failed:[/red] {task.description}")
             self.progress.stop_task(self.current)
         else:
-            self._finish()
+            self.finish()
         self.progress.stop()
 
 

@@ -36,6 +36,7 @@ from tilertc.bench import (
     rescheduled,
     resolve_artifacts,
     run_gate,
+    stage_phases,
     time_baseline,
 )
 from tilertc.bench_gate import (
@@ -230,6 +231,21 @@ def test_bench_refuses_a_kernel_that_would_not_fit_beside_those_held() -> None:
     assert "--rounds" not in str(e.value)
     with pytest.raises(BenchError, match="--rounds 2 keeps every kernel loaded and 2 already"):
         check_room("tilertc-Q8_mma0", m, 8 << 30, 2, 2)
+
+
+def test_an_error_between_phases_marks_no_phase_failed() -> None:
+    """The refusal above comes after the last kernel's gate, outside any phase: the display
+    showed that gate as failed. A finished phase stays done; one that raises is failed."""
+    console = Console(record=True, width=100, force_terminal=False)
+    with pytest.raises(BenchError), stage_phases(console) as phase:
+        with phase("tilertc-A: correctness gate"):
+            pass
+        raise BenchError("tilertc-B: the kernel needs ~33.5 GB of GPU memory")
+    assert "failed" not in console.export_text()
+    console = Console(record=True, width=100, force_terminal=False)
+    with pytest.raises(BenchError), stage_phases(console) as phase, phase("tilertc-A: gate"):
+        raise BenchError("mismatch")
+    assert "failed: tilertc-A: gate" in console.export_text()
 
 
 def test_gate_tolerance_grows_with_depth_as_a_random_walk() -> None:
