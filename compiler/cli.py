@@ -109,8 +109,9 @@ WEIGHT_DTYPE = click.option(
               help="A schedule knob instead of the passes' choice (repeatable): compute_warps, "
                    "page_kb, page_groups, attn_chunks (attention's context chunks per KV or "
                    "head group, at most), ffn_split_k=1 (each dense MLP as one split-K op), or "
-                   "fp8_mma=0 (FP8 projections as rows on the CUDA cores, not tiles on the tensor "
-                   "cores), or ready_digits=0 (each FP8 tile task converts its input to "
+                   "fp8_mma=0 or 1 (FP8 projections as rows on the CUDA cores or as tiles on the "
+                   "tensor cores; by default whichever the cost model predicts faster), or "
+                   "ready_digits=0 (each FP8 tile task converts its input to "
                    "digits itself, rather than the projection that makes it writing them).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,

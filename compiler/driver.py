@@ -52,8 +52,8 @@ class CompileOptions:
     ffn_split_k: bool = False
     # FP8 dense projections as tiles on the tensor cores (wgmma, decode.cuh: tile_pages) instead
     # of rows on the CUDA cores. None: the tiling pass tiles what fits (FP8 weights, --tp 1, the
-    # CUDA backend; faster in every model measured, docs/performance.md); True: asked for, and
-    # refused where it cannot run; False: rows only.
+    # CUDA backend) unless the cost model predicts the step faster with rows (make_program);
+    # True: asked for, and refused where it cannot run; False: rows only.
     fp8_mma: bool | None = None
     # FP8 tile tasks' inputs written as digits by the projection that makes them, instead of
     # converted by every consumer (passes/digits.py). None: wherever there are FP8 tiles; True:

@@ -1,10 +1,12 @@
-"""The pass pipeline: the order in which decisions are made, as one list."""
+"""The pass pipeline: the order in which decisions are made, as one list; and the one decision
+that takes the whole list twice, FP8 projections as tiles or as rows (`make_program`)."""
 
 from __future__ import annotations
 
 from tilertc.ir.build import build_graph
 from tilertc.ir.target import Target, get_target
 from tilertc.model_specs.spec import ModelSpec
+from tilertc.passes.cost import step_ns
 from tilertc.passes.digits import ready_digits
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack
@@ -14,7 +16,7 @@ from tilertc.passes.roles import assign_roles
 from tilertc.passes.scheduling import schedule
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import tile
+from tilertc.passes.tiling import is_tiled, tile
 
 PASSES = [
     shard,  # per-rank shard of every op under tensor parallelism
@@ -29,14 +31,38 @@ PASSES = [
 ]
 
 
+def run_passes(spec: ModelSpec, target: str | Target, tp: int, max_seq_len: int | None,
+               tuning: dict) -> Program:
+    """Every pass of PASSES over the decode-step graph of `spec`, in order."""
+    program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
+    program.config["tuning"] = dict(tuning)
+    for run in PASSES:
+        program = run(program)
+    return program
+
+
 def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
                  max_seq_len: int | None = None, tuning: dict | None = None) -> Program:
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
-    `attn_chunks`, `ffn_split_k`, `fp8_mma`, `ready_digits`), for experiments."""
-    program = Program(spec, build_graph(spec, max_seq_len), get_target(target), tp)
-    program.config["tuning"] = dict(tuning or {})
-    for run in PASSES:
-        program = run(program)
-    return program
+    `attn_chunks`, `ffn_split_k`, `fp8_mma`, `ready_digits`), for experiments.
+
+    Unless `fp8_mma` or `ready_digits` asks for tiles, a program with FP8 tiles is scheduled a
+    second time with FP8 rows on the CUDA cores, and the one the cost model predicts faster is
+    kept: tiles stream at the full share of bandwidth but stage their input as digits, which
+    a model of many small tasks pays more often than its bytes repay (qwen3-30b-a3b on the H200:
+    rows 3.50 ms/token against tiles 3.73; llama-3.1-8b, qwen3-32b, DeepSeek-V3.2 and GLM-5:
+    tiles faster; docs/performance.md, session 31, where the model orders all of them so)."""
+    tuning = dict(tuning or {})
+    program = run_passes(spec, target, tp, max_seq_len, tuning)
+    if "fp8_mma" in tuning or tuning.get("ready_digits") or not any(
+            is_tiled(program, op) for op in program.graph.ops()):
+        return program
+    rows = run_passes(spec, target, tp, max_seq_len, tuning | {"fp8_mma": False})
+    tiles_ms, rows_ms = step_ns(program) / 1e6, step_ns(rows) / 1e6
+    pick, how = (program, "tiles for the tensor cores") if tiles_ms <= rows_ms else \
+        (rows, "rows on the CUDA cores")
+    pick.decide("tiling", f"FP8 projections as {how}: the cost model predicts {tiles_ms:.3f} "
+                f"ms a step with tiles, {rows_ms:.3f} with rows")
+    return pick

@@ -1,4 +1,5 @@
-"""FP8 tiles on the tensor cores (on where they fit, `--tune fp8_mma=0` turns them off;
+"""FP8 tiles on the tensor cores (on where they fit unless the cost model predicts rows faster,
+`--tune fp8_mma=1` asks for them, as these tests do;
 passes/tiling.py: _fp8_tiles_fit, ir/fp8.py: pack_tiles, decode.cuh: stage_digits, tile_pages):
 which tasks are tiled and what the knob refuses, the tile layout against the definition it
 implements, and a whole decode step of the kernel's own device code (tests/host_kernel.cpp:
@@ -59,12 +60,16 @@ def fp8_spec(name: str, overrides: dict[str, Any]) -> tilertc.ModelSpec:
 
 
 def test_tiles_are_compiled_in_where_the_schedule_has_them() -> None:
-    """On by default where they fit, off with the knob at 0, and never in a bf16 kernel."""
+    """In with the knob at 1, out with it at 0, and never in a bf16 kernel; by default in
+    exactly when the schedule tiles (the cost model's choice, tests/test_passes.py)."""
     spec = fp8_spec("llama-tiny", WIDE)
-    default = codegen.constants(make_program(spec))
+    on = codegen.constants(make_program(spec, tuning={"fp8_mma": True}))
     off = codegen.constants(make_program(spec, tuning=ROWS))
     bf16 = codegen.constants(make_program(tilertc.load_spec("llama-tiny", overrides=WIDE)))
-    assert default["FP8_MMA"] == 1 and "FP8_MMA" not in off and "FP8_MMA" not in bf16
+    assert on["FP8_MMA"] == 1 and "FP8_MMA" not in off and "FP8_MMA" not in bf16
+    default = make_program(spec)
+    tiled = any(is_tiled(default, op) for op in default.graph.ops())
+    assert codegen.constants(default).get("FP8_MMA") == (1 if tiled else None)
 
 
 @pytest.mark.parametrize(("weight_dtype", "tp", "message"), [
