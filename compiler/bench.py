@@ -180,11 +180,15 @@ def quiet_phase(_description: str) -> Iterator[None]:
 
 def rescheduled(spec: ModelSpec, m: dict[str, Any], kv_context: int) -> Program:
     """The artifact's schedule (same target, tp and tuning knobs) made for a point's mean
-    context, so that the cost model counts the KV bytes actually read."""
+    context, so that the cost model counts the KV bytes actually read. FP8 tiles or rows as
+    the artifact has them: the compile's choice between the two (make_program) was made at
+    its max_seq_len and could go the other way at this context."""
     from tilertc import schedule
 
     opts = m["options"]
-    return schedule(spec, m["target"]["name"], opts["tp"], kv_context, schedule_tuning(opts))
+    tuning = schedule_tuning(opts)
+    tuning.setdefault("fp8_mma", any(e.get("tiles") for e in m["weights"]["layout"]))
+    return schedule(spec, m["target"]["name"], opts["tp"], kv_context, tuning)
 
 
 def prediction(program: Program, kv_context: int) -> Prediction:

@@ -61,6 +61,9 @@ from tilertc.cli import main
 from tilertc.engine import device_bytes
 from tilertc.inspect import inspect_model
 from tilertc.ir.target import get_target
+from tilertc.model_specs.hf import with_weight_dtype
+from tilertc.passes.program import Program
+from tilertc.passes.tiling import is_tiled
 from tilertc.profile import (
     StepProfile,
     fold_layer,
@@ -143,13 +146,28 @@ def test_token_bytes_are_inspect_bytes_at_the_mean_context() -> None:
 def test_prediction_uses_the_artifact_schedule_at_the_point_context() -> None:
     spec = load_spec("llama-tiny")
     m = {"options": {"tp": 1, "compute_warps": None, "page_kb": None, "page_groups": None},
-         "target": {"name": "h200"}}
+         "target": {"name": "h200"}, "weights": {"layout": [{"format": "bf16"}]}}
     p = prediction(rescheduled(spec, m, 80), 80)
     from tilertc.passes.cost import step_ns
 
     assert p.context == 80
     assert p.step_ms == pytest.approx(step_ns(schedule(spec, "h200", 1, 80)) / 1e6)
     assert 0 < p.roofline_ms < p.step_ms
+
+
+@pytest.mark.parametrize(("name", "tiles"), [("qwen3-30b-a3b", True), ("llama-3.1-8b", False)])
+def test_prediction_keeps_the_artifacts_fp8_tiles_or_rows(name: str, tiles: bool) -> None:
+    """The compile chose tiles or rows at its max_seq_len (make_program); the point's schedule
+    keeps what the artifact has, here the other way from what the comparison would pick now."""
+    spec = with_weight_dtype(load_spec(name, overrides={"num_hidden_layers": 2}), "fp8")
+    m = {"options": {"tp": 1, "fp8_mma": None}, "target": {"name": "h200"},
+         "weights": {"layout": [{"format": "fp8_e4m3", **({"tiles": True} if tiles else {})}]}}
+    chosen, kept = schedule(spec, "h200", 1, 80), rescheduled(spec, m, 80)
+
+    def tiled(p: Program) -> bool:
+        return any(is_tiled(p, op) for op in p.graph.ops())
+
+    assert tiled(chosen) != tiles and tiled(kept) == tiles
 
 
 def test_report_json_schema(tmp_path: Path) -> None:
