@@ -56,7 +56,7 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     tiles faster; docs/performance.md, session 31, where the model orders all of them so)."""
     tuning = dict(tuning or {})
     program = run_passes(spec, target, tp, max_seq_len, tuning)
-    if "fp8_mma" in tuning or tuning.get("ready_digits") or not any(
+    if tuning.get("fp8_mma") is not None or tuning.get("ready_digits") or not any(
             is_tiled(program, op) for op in program.graph.ops()):
         return program
     rows = run_passes(spec, target, tp, max_seq_len, tuning | {"fp8_mma": False})
