@@ -18,7 +18,7 @@ from tilertc.driver import compile
 
 TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
-from phase_probe import marked_source, phases  # noqa: E402
+from phase_probe import BEFORE, build, marked_source, phases  # noqa: E402
 
 ATTENTION_MARKS = ["  const KvChunk ch = kv_chunk(t, pos);",
                    "  if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;"]
@@ -36,6 +36,20 @@ def test_the_variant_builds_from_a_fresh_kernel(tmp_path: Path) -> None:
     assert source.count("phase_mark(p, 0);\n" + ATTENTION_MARKS[0]) == 1
     assert source.count("phase_mark(p, 1);\n" + ATTENTION_MARKS[1]) == 1
     check_artifact(out)
+
+
+def test_the_marking_warp_is_the_one_asked_for(tmp_path: Path) -> None:
+    """--warp 3: lane 0 of compute warp 3 (thread 96) stamps; a warp the kernel lacks is
+    refused before anything is built."""
+    source = marked_source("x();\n" + BEFORE, ["x();"], warp=3)
+    assert "threadIdx.x != 96) return;" in source and "threadIdx.x != 0)" not in source
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "kernel.cu").write_text("x();\n" + BEFORE)
+    (art / "manifest.json").write_text('{"kernel": {"constants": {"COMPUTE_WARPS": 4}}}')
+    with pytest.raises(SystemExit, match="--warp 4: the kernel has compute warps 0-3"):
+        build(art, tmp_path / "out", ["x();"], warp=4)
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_mark_not_once_in_the_kernel_is_refused() -> None:

@@ -1,17 +1,19 @@
 """Where one op's task time goes, phase by phase, on the GPU:
 
-    python tools/phase_probe.py build ARTIFACT OUT --mark TEXT [--mark TEXT ...]  # here (nvcc)
+    python tools/phase_probe.py build ARTIFACT OUT --mark TEXT [--mark TEXT ...] [--warp W]
     python tools/phase_probe.py run OUT --op OP [--step S] [--context N]          # on a GPU
 
-`build` makes a variant of ARTIFACT (tools/kernel_variant.py) in which compute thread 0, on
-reaching the line of kernel.cu that holds each --mark's TEXT (unique in the file; the line must
-begin a statement where the launch's `Params& p` is in scope), writes the mark's number and the
-globaltimer into the profile buffer past the profiled steps, the first MARKS of each CTA's
-launch. `run` loads the variant with random weights, decodes a few steps with the stamps on and
-prints, for the tasks of OP (layers folded, e.g. `attention`) in one step, the mean time per
-task from its dependencies met to its first mark, between consecutive marks (a mark in a loop
-counts each time round), and from its last mark to its end. The stamps are thread 0's view:
-where a phase ends in a barrier, mark the line after it.
+`build` (here: nvcc) makes a variant of ARTIFACT (tools/kernel_variant.py) in which lane 0 of
+compute warp W (0 unless --warp), on reaching the line of kernel.cu that holds each --mark's
+TEXT (unique in the file; the line must begin a statement where the launch's `Params& p` is in
+scope), writes the mark's number and the globaltimer into the profile buffer past the profiled
+steps, the first MARKS of each CTA's launch. `run` loads the variant with random weights,
+decodes a few steps with the stamps on and prints, for the tasks of OP (layers folded, e.g.
+`attention`) in one step, the mean time per task from its dependencies met to its first mark,
+between consecutive marks (a mark in a loop counts each time round), and from its last mark to
+its end. The stamps are that one warp's view (a line it never reaches stamps nothing): where a
+phase ends in a barrier, mark the line after it; to see whether a phase is one slow warp or
+all, build one variant a warp and run each (the task's start and end stay the CTA's).
 
 MLA attention, for instance:
 
@@ -47,10 +49,14 @@ from tilertc.profile import DEPS_MET, DONE
 MARKS = 4096  # marks kept per CTA
 MARKS_FILE = "phase_marks.json"
 
-# compute thread 0's mark `id`: (id, globaltimer) in CTA blockIdx.x's next slot past the steps
-MARK_FUNCTION = f"""__device__ unsigned phase_count[1024];  // per CTA: marks written
+
+
+# lane 0 of compute warp `warp` marks `id`: (id, globaltimer) in CTA blockIdx.x's next slot
+# past the steps
+def mark_function(warp: int) -> str:
+    return f"""__device__ unsigned phase_count[1024];  // per CTA: marks written
 __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
-  if (!p.profile || threadIdx.x != 0) return;
+  if (!p.profile || threadIdx.x != {32 * warp}) return;
   const unsigned n = phase_count[blockIdx.x]++;
   if (n >= {MARKS}) return;
   unsigned long long* at = {spare_words(str(2 * MARKS), "2 * n")};
@@ -58,25 +64,32 @@ __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   at[1] = now_ns();
 }}
 """
+
 BEFORE = "__device__ __forceinline__ bool quit_seen("  # after now_ns and Params
 
 
-def marked_source(source: str, marks: list[str]) -> str:
+def marked_source(source: str, marks: list[str], warp: int = 0) -> str:
     """kernel.cu with `phase_mark(p, i)` at the start of the line holding marks[i], and the
-    function ahead of every use (before quit_seen). Refuses a mark not once in the source."""
+    function (compute warp `warp` stamping) ahead of every use (before quit_seen). Refuses a
+    mark not once in the source."""
     for i, text in enumerate(marks):
         if source.count(text) != 1:
             raise SystemExit(f"--mark {text!r} is in the kernel {source.count(text)} times, "
                              "not once")
         line = source.rfind("\n", 0, source.index(text)) + 1
         source = f"{source[:line]}  phase_mark(p, {i});\n{source[line:]}"
-    return source.replace(BEFORE, MARK_FUNCTION + BEFORE, 1)
+    return source.replace(BEFORE, mark_function(warp) + BEFORE, 1)
 
 
-def build(artifact: Path, out: Path, marks: list[str]) -> dict:
-    """The marked variant of `artifact` in `out` (and its marks in MARKS_FILE); ptxas's report."""
+def build(artifact: Path, out: Path, marks: list[str], warp: int = 0) -> dict:
+    """The marked variant of `artifact` in `out` (and its marks in MARKS_FILE); ptxas's report.
+    Refuses a warp the kernel does not have."""
     source = (artifact / "kernel.cu").read_text()
-    report = make_variant(artifact, out, [], [[source, marked_source(source, marks)]])
+    warps = json.loads((artifact / "manifest.json").read_text())["kernel"]["constants"][
+        "COMPUTE_WARPS"]
+    if not 0 <= warp < warps:
+        raise SystemExit(f"--warp {warp}: the kernel has compute warps 0-{warps - 1}")
+    report = make_variant(artifact, out, [], [[source, marked_source(source, marks, warp)]])
     (out / MARKS_FILE).write_text(json.dumps(marks, indent=1))
     return report
 
@@ -131,13 +144,15 @@ def main(argv: list[str]) -> int:
     b.add_argument("out", type=Path)
     b.add_argument("--mark", action="append", required=True, metavar="TEXT",
                    help="stamp at the line holding TEXT (repeatable; in order)")
+    b.add_argument("--warp", type=int, default=0,
+                   help="the compute warp whose lane 0 stamps [default: 0]")
     r = sub.add_parser("run", help="decode with the marks on and print OP's phases (needs a GPU)")
     r.add_argument("artifact", type=Path)
     r.add_argument("--op", required=True, help="an op, layers folded (e.g. attention)")
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "build":
-        print(summary(args.out, build(args.artifact, args.out, args.mark)))
+        print(summary(args.out, build(args.artifact, args.out, args.mark, args.warp)))
     else:
         run(args.artifact, args.op, args.step, args.context)
     return 0
