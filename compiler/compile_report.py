@@ -89,7 +89,11 @@ def print_summary(artifact: Path, m: dict[str, Any], seconds: float, console: Co
                            f"{ptxas.get('registers', '?')} registers/thread, "
                            + (f"[red]{spills} B spilled[/red]" if spills else "no spills")
                            + f", {ptxas.get('stack_bytes', 0)} B stack")
-    table.add_row("weights", f"{human_bytes(m['weights']['packed_bytes'])} packed")
+    # the FP8 path, where the compiler chose between tiles and rows (passes/pipeline.py)
+    fp8 = [d.removeprefix("[tiling] ") for d in m.get("decisions", [])
+           if d.startswith("[tiling] FP8 projections as ")]
+    table.add_row("weights", f"{human_bytes(m['weights']['packed_bytes'])} packed"
+                  + "".join(f"; {d}" for d in fp8))
     table.add_row("predicted", f"{human_ns(cost['step_ns'])}/token by the cost model "
                                f"(roofline {human_ns(cost['roofline_ns'])}/token)")
     table.add_row("built in", f"{seconds:.1f} s")

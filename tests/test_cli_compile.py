@@ -16,10 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner, Result
+from rich.console import Console
 
 from tilertc.artifact import check_artifact, read_manifest
 from tilertc.backends.cuda import codegen
 from tilertc.cli import main
+from tilertc.compile_report import print_summary
 from tilertc.engine import Engine
 from tilertc.token_stream import TextStream
 
@@ -55,6 +57,20 @@ def test_compile_writes_a_checked_artifact_and_reports_it(artifact: Path) -> Non
         assert stage in result.stderr
     for fact in (str(artifact), "registers/thread", "no spills", "/token by the cost model"):
         assert fact in result.stdout
+
+
+def test_the_summary_names_the_fp8_path_the_compiler_chose(artifact: Path) -> None:
+    """Where make_program chose between FP8 tiles and rows, the summary's weights row says
+    which and why; a bf16 build's has no such line (here a manifest with the decision added)."""
+    m = check_artifact(artifact)
+    chose = ("FP8 projections as rows on the CUDA cores: the cost model predicts 2.892 ms a "
+             "step with tiles, 2.791 with rows")
+    said = [*m["decisions"], f"[tiling] {chose}"]
+    for decisions, want in ((m["decisions"], False), (said, True)):
+        console = Console(record=True, width=400, force_terminal=False)
+        print_summary(artifact, {**m, "decisions": decisions}, 1.0, console)
+        text = console.export_text()
+        assert ("packed; " + chose in text) == want and "packed" in text
 
 
 def test_compile_for_another_target(tmp_path: Path) -> None:
