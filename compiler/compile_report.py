@@ -11,6 +11,8 @@ from rich.progress import Progress, ProgressColumn, SpinnerColumn, Task, TaskID,
 from rich.table import Column, Table
 from rich.text import Text
 
+from tilertc.passes.pipeline import FP8_PATH
+
 
 class SecondsColumn(ProgressColumn):
     """Elapsed time of a stage in tenths of a second (rich's own column counts whole seconds,
@@ -89,9 +91,9 @@ def print_summary(artifact: Path, m: dict[str, Any], seconds: float, console: Co
                            f"{ptxas.get('registers', '?')} registers/thread, "
                            + (f"[red]{spills} B spilled[/red]" if spills else "no spills")
                            + f", {ptxas.get('stack_bytes', 0)} B stack")
-    # the FP8 path, where the compiler chose between tiles and rows (passes/pipeline.py)
+    # the FP8 path, where the compiler chose between tiles and rows (make_program)
     fp8 = [d.removeprefix("[tiling] ") for d in m.get("decisions", [])
-           if d.startswith("[tiling] FP8 projections as ")]
+           if d.startswith(f"[tiling] {FP8_PATH}")]
     table.add_row("weights", f"{human_bytes(m['weights']['packed_bytes'])} packed"
                   + "".join(f"; {d}" for d in fp8))
     table.add_row("predicted", f"{human_ns(cost['step_ns'])}/token by the cost model "

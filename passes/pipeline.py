@@ -16,7 +16,10 @@ from tilertc.passes.roles import assign_roles
 from tilertc.passes.scheduling import schedule
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import is_tiled, tile
+from tilertc.passes.tiling import has_tiles, tile
+
+# how make_program's decision between FP8 tiles and rows begins (the compile summary shows it)
+FP8_PATH = "FP8 projections as "
 
 PASSES = [
     shard,  # per-rank shard of every op under tensor parallelism
@@ -56,13 +59,12 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     tiles faster; docs/performance.md, session 31, where the model orders all of them so)."""
     tuning = dict(tuning or {})
     program = run_passes(spec, target, tp, max_seq_len, tuning)
-    if tuning.get("fp8_mma") is not None or tuning.get("ready_digits") or not any(
-            is_tiled(program, op) for op in program.graph.ops()):
+    if tuning.get("fp8_mma") is not None or tuning.get("ready_digits") or not has_tiles(program):
         return program
     rows = run_passes(spec, target, tp, max_seq_len, tuning | {"fp8_mma": False})
     tiles_ms, rows_ms = step_ns(program) / 1e6, step_ns(rows) / 1e6
     pick, how = (program, "tiles for the tensor cores") if tiles_ms <= rows_ms else \
         (rows, "rows on the CUDA cores")
-    pick.decide("tiling", f"FP8 projections as {how}: the cost model predicts {tiles_ms:.3f} "
-                f"ms a step with tiles, {rows_ms:.3f} with rows")
+    pick.decide("tiling", f"{FP8_PATH}{how}: the cost model predicts {tiles_ms:.3f} ms a step "
+                f"with tiles, {rows_ms:.3f} with rows")
     return pick

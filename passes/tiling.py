@@ -159,6 +159,11 @@ def is_tiled(program: Program, op) -> bool:
             and bool(program.graph.tensors[tile_weights(op)[1][0]].attrs.get("tiled")))
 
 
+def has_tiles(program: Program) -> bool:
+    """Whether any op of `program` streams FP8 tiles (`is_tiled`)."""
+    return any(is_tiled(program, op) for op in program.graph.ops())
+
+
 def is_fp8_rows(program: Program, op) -> bool:
     """Whether the weights of matrix-vector op `op` stream as FP8 rows (not tiles)."""
     return (op.opcode in MATVEC and not is_tiled(program, op)

@@ -62,8 +62,7 @@ from tilertc.engine import device_bytes
 from tilertc.inspect import inspect_model
 from tilertc.ir.target import get_target
 from tilertc.model_specs.hf import with_weight_dtype
-from tilertc.passes.program import Program
-from tilertc.passes.tiling import is_tiled
+from tilertc.passes.tiling import has_tiles
 from tilertc.profile import (
     StepProfile,
     fold_layer,
@@ -163,11 +162,7 @@ def test_prediction_keeps_the_artifacts_fp8_tiles_or_rows(name: str, tiles: bool
     m = {"options": {"tp": 1, "fp8_mma": None}, "target": {"name": "h200"},
          "weights": {"layout": [{"format": "fp8_e4m3", **({"tiles": True} if tiles else {})}]}}
     chosen, kept = schedule(spec, "h200", 1, 80), rescheduled(spec, m, 80)
-
-    def tiled(p: Program) -> bool:
-        return any(is_tiled(p, op) for op in p.graph.ops())
-
-    assert tiled(chosen) != tiles and tiled(kept) == tiles
+    assert has_tiles(chosen) != tiles and has_tiles(kept) == tiles
 
 
 def test_report_json_schema(tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from tilertc.ir.fp8 import pack_tiles, tile_rows, tile_segments, tile_unit_bytes
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.tiling import is_tiled, stream_row_bytes, tile_weights
+from tilertc.passes.tiling import has_tiles, is_tiled, stream_row_bytes, tile_weights
 
 MMA = {"fp8_mma": True, "ready_digits": False}
 ROWS = {"fp8_mma": False}
@@ -68,8 +68,7 @@ def test_tiles_are_compiled_in_where_the_schedule_has_them() -> None:
     bf16 = codegen.constants(make_program(tilertc.load_spec("llama-tiny", overrides=WIDE)))
     assert on["FP8_MMA"] == 1 and "FP8_MMA" not in off and "FP8_MMA" not in bf16
     default = make_program(spec)
-    tiled = any(is_tiled(default, op) for op in default.graph.ops())
-    assert codegen.constants(default).get("FP8_MMA") == (1 if tiled else None)
+    assert codegen.constants(default).get("FP8_MMA") == (1 if has_tiles(default) else None)
 
 
 @pytest.mark.parametrize(("weight_dtype", "tp", "message"), [

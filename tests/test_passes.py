@@ -42,7 +42,7 @@ from tilertc.passes.roles import assign_roles, register_cap
 from tilertc.passes.scheduling import schedule as schedule_pass
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import MATVEC, is_tiled, row_bytes, sms_beside, tile
+from tilertc.passes.tiling import MATVEC, has_tiles, row_bytes, sms_beside, tile
 
 
 def until(name: str, last: Callable[[Program], Program], tp: int = 1, target: str = "h200",
@@ -268,15 +268,12 @@ def test_fp8_tiles_or_rows_whichever_the_cost_model_predicts_faster() -> None:
     def fp8(name: str):
         return with_weight_dtype(load_spec(name, overrides={"num_hidden_layers": 2}), "fp8")
 
-    def tiled(p: Program) -> bool:
-        return any(is_tiled(p, op) for op in p.graph.ops())
-
     for name, want_tiles in (("qwen3-30b-a3b", False), ("llama-3.1-8b", True)):
         spec = fp8(name)
         chosen = make_program(spec, max_seq_len=256)
         tiles, rows = (make_program(spec, max_seq_len=256, tuning={"fp8_mma": m})
                        for m in (True, False))
-        assert tiled(tiles) and not tiled(rows) and tiled(chosen) == want_tiles
+        assert has_tiles(tiles) and not has_tiles(rows) and has_tiles(chosen) == want_tiles
         assert (step_ns(tiles) <= step_ns(rows)) == want_tiles
         assert step_ns(chosen) == min(step_ns(tiles), step_ns(rows))
         said = [d for d in chosen.decisions if "FP8 projections as" in d]
@@ -285,8 +282,8 @@ def test_fp8_tiles_or_rows_whichever_the_cost_model_predicts_faster() -> None:
                         f"{step_ns(tiles) / 1e6:.3f} ms a step with tiles, "
                         f"{step_ns(rows) / 1e6:.3f} with rows"]
         assert not [d for d in tiles.decisions + rows.decisions if "FP8 projections as" in d]
-    assert tiled(make_program(fp8("qwen3-30b-a3b"), max_seq_len=256,
-                              tuning={"ready_digits": True}))
+    assert has_tiles(make_program(fp8("qwen3-30b-a3b"), max_seq_len=256,
+                                  tuning={"ready_digits": True}))
 
 
 def test_cost_of_ready_digits() -> None:

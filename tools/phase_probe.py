@@ -50,10 +50,9 @@ MARKS = 4096  # marks kept per CTA
 MARKS_FILE = "phase_marks.json"
 
 
-
-# lane 0 of compute warp `warp` marks `id`: (id, globaltimer) in CTA blockIdx.x's next slot
-# past the steps
 def mark_function(warp: int) -> str:
+    """`phase_mark(p, id)`: lane 0 of compute warp `warp` writes (id, globaltimer) in CTA
+    blockIdx.x's next slot past the steps."""
     return f"""__device__ unsigned phase_count[1024];  // per CTA: marks written
 __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   if (!p.profile || threadIdx.x != {32 * warp}) return;
@@ -64,6 +63,7 @@ __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   at[1] = now_ns();
 }}
 """
+
 
 BEFORE = "__device__ __forceinline__ bool quit_seen("  # after now_ns and Params
 

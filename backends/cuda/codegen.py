@@ -18,7 +18,7 @@ from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import DSA_KEYS, MLA_KEYS, REDUCTION_FLOATS
-from tilertc.passes.tiling import is_tiled, scale_cols
+from tilertc.passes.tiling import has_tiles, scale_cols
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
 KERNEL_NAME = "tilertc_decode"
@@ -253,7 +253,7 @@ def _fp8_mma(program: Program) -> dict[str, object]:
         if program.tp > 1:
             raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
                                 "without fp8_mma")
-    return {"FP8_MMA": 1} if any(is_tiled(program, op) for op in program.graph.ops()) else {}
+    return {"FP8_MMA": 1} if has_tiles(program) else {}
 
 
 def constants(program: Program) -> dict[str, object]:
