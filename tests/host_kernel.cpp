@@ -101,6 +101,7 @@ static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 static inline long long __float2ll_rn(float x) { return std::llrint(x); }  // round to nearest even
 static inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
 #define __expf expf  // glibc declares __expf; the GPU intrinsic is a faster expf
+static inline float exp_ftz(float x) { return expf(x); }  // decode.cuh: one MUFU.EX2 on the GPU
 static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
