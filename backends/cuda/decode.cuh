@@ -2334,19 +2334,20 @@ __device__ __forceinline__ void merge_softmax(float& m, float& l, float (&acc)[K
   m = mx;
 }
 
-// A round of a warp's keys makes NS scores a key's lanes share out (KEY_ROUNDS keys x SET_HEADS
-// heads, score i = h KEY_ROUNDS + u), NS_P with padding; score i ends at the key's lanes i
-// SCORE_SPREAD .. + SCORE_SPREAD - 1 (spread_sum).
-constexpr int NS = KEY_ROUNDS * SET_HEADS, NS_P = pow2_at_least(NS), SCORE_SPREAD = LANES_PER_KEY / NS_P;
-static_assert(NS_P <= LANES_PER_KEY, "a key has a lane for each of its round's scores");
+// A round of a warp's keys makes ROUND_SCORES scores that a key's lanes share out (KEY_ROUNDS
+// keys x SET_HEADS heads, score i = h KEY_ROUNDS + u), ROUND_SCORES_P with padding; score i ends
+// at the key's lanes i SCORE_SPREAD .. + SCORE_SPREAD - 1 (spread_sum).
+constexpr int ROUND_SCORES = KEY_ROUNDS * SET_HEADS, ROUND_SCORES_P = pow2_at_least(ROUND_SCORES);
+constexpr int SCORE_SPREAD = LANES_PER_KEY / ROUND_SCORES_P;
+static_assert(ROUND_SCORES_P <= LANES_PER_KEY, "a key has a lane for each of its round's scores");
 
-// Sums each of v's NS_P values over the LANES_PER_KEY lanes of a key and leaves sum i at the
-// lanes sub / SCORE_SPREAD == i: each butterfly step over a lane bit keeps half of the values
-// (the upper half where the bit is set) and takes the partner's half, so that NS_P sums cost
-// NS_P - 1 + log2(SCORE_SPREAD) shuffles instead of NS_P log2(LANES_PER_KEY).
-__device__ __forceinline__ float spread_sum(float (&v)[NS_P], int sub) {
+// Sums each of v's ROUND_SCORES_P values over the LANES_PER_KEY lanes of a key and leaves sum i
+// at the lanes sub / SCORE_SPREAD == i: each butterfly step over a lane bit keeps half of the
+// values (the upper half where the bit is set) and takes the partner's half, so that P =
+// ROUND_SCORES_P sums cost P - 1 + log2(SCORE_SPREAD) shuffles instead of P log2(LANES_PER_KEY).
+__device__ __forceinline__ float spread_sum(float (&v)[ROUND_SCORES_P], int sub) {
 #pragma unroll
-  for (int c = NS_P, o = LANES_PER_KEY / 2; c > 1; c /= 2, o /= 2) {
+  for (int c = ROUND_SCORES_P, o = LANES_PER_KEY / 2; c > 1; c /= 2, o /= 2) {
     const bool upper = sub & o;
 #pragma unroll
     for (int i = 0; i < c / 2; ++i) {
@@ -2373,9 +2374,9 @@ __device__ __forceinline__ float head_value(const float (&m)[SET_HEADS], int h) 
 // (`keys`) and values' rows (`values`) are in shared memory: warp w of `warps` takes keys
 // w * KEYS_PER_WARP + [0, KEYS_PER_WARP), then every round of warps * KEYS_PER_WARP after.
 // Bounds are warp-uniform because the scores are reduced with shuffles. Each of a key's lanes
-// ends a round's reduction with one of its NS scores (spread_sum), takes that score's weight
-// e^(s - max) and its head's rescaling e^(m - max) (two exponentials, not NS + SET_HEADS on
-// every lane), and the lanes share them by shuffles: the inner loop was bound by its
+// ends a round's reduction with one of its ROUND_SCORES scores (spread_sum), takes that score's
+// weight e^(s - max) and its head's rescaling e^(m - max) (two exponentials, not ROUND_SCORES +
+// SET_HEADS on every lane), and the lanes share them by shuffles: the inner loop was bound by its
 // instructions (Qwen3-32B: 4.75 us of a 9 us task for 64 keys, 40 shuffles and 12 exponentials
 // a lane a round).
 __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, const uint8_t* values, int n, int w,
@@ -2394,7 +2395,7 @@ __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, cons
       kr[u] = on ? kp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
       vr[u] = on ? vp[key * (HEAD_DIM / KV_DIMS)] : KvPiece{};
     }
-    float d[NS_P];
+    float d[ROUND_SCORES_P];
 #pragma unroll
     for (int u = 0; u < KEY_ROUNDS; ++u) {
       float kf[KV_DIMS];
@@ -2409,15 +2410,16 @@ __device__ __forceinline__ void attend(const float* q, const uint8_t* keys, cons
       }
     }
 #pragma unroll
-    for (int i = NS; i < NS_P; ++i) d[i] = 0.f;
+    for (int i = ROUND_SCORES; i < ROUND_SCORES_P; ++i) d[i] = 0.f;
     const float dot = spread_sum(d, sub);
     // (derived here rather than before the loop: kept live across it, they spilled the step's state)
     const int mine = opaque(sub) / SCORE_SPREAD, my_head = mine / KEY_ROUNDS, my_round = mine % KEY_ROUNDS;
-    const bool on = mine < NS && wbase + my_round * round + kw < n;
+    const bool on = mine < ROUND_SCORES && wbase + my_round * round + kw < n;
     const float sc = on ? dot * scale : -INFINITY;
     float mx = sc;
 #pragma unroll
-    for (int o = SCORE_SPREAD; o < SCORE_SPREAD * KEY_ROUNDS; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    for (int o = SCORE_SPREAD; o < SCORE_SPREAD * KEY_ROUNDS; o <<= 1)  // the head's other keys' scores
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     const float old = head_value(m, my_head);
     mx = fmaxf(mx, old);
     const float e = sc == -INFINITY ? 0.f : exp_ftz(sc - mx);
