@@ -164,11 +164,12 @@ def place(program: Program) -> Program:
     attn = [op.attrs for op in g.ops() if op.opcode == "attention"]
     # attention stages its query heads, the new key and value, and its merge buffer there too
     # (and, in the task that merges a group, every chunk's max and sum per head and a batch of
-    # `merge_chunks` chunk results)
+    # `merge_chunks` chunk results, copied in whole 16-byte pieces)
     attn_floats = max(
         (
             (a["tile"]["merge_chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
             + (2 * a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"]
+            + 3 + 8  # the staged batch 16-byte aligned, its copies' alignment slack
             + a["n_heads"] // a["n_kv_heads"] * a["head_dim"]
             + 5 * a["head_dim"]
             + a["head_dim"] + 4  # this step's key and value in bf16, 16-byte aligned

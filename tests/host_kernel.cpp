@@ -43,6 +43,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -348,10 +349,15 @@ static inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byt
   return r;
 }
 #endif
-#if MLA || FP8_MMA
-static inline void cp_async16(void* dst, const void* src) { std::memcpy(dst, src, 16); }  // done at once
+// done at once; both addresses 16-byte aligned, or the GPU's copy faults
+static inline void cp_async16(void* dst, const void* src) {
+  if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) {
+    std::fprintf(stderr, "cp_async16: %p <- %p is not 16-byte aligned\n", dst, src);
+    std::abort();
+  }
+  std::memcpy(dst, src, 16);
+}
 static inline void cp_async_wait_all() {}
-#endif
 struct ThreadIdx {
   int x;
 };

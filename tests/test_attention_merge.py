@@ -84,3 +84,21 @@ def test_eight_query_heads_a_kv_head_on_the_host_is_the_interpreters(tmp_path: P
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 100)
     assert program.graph.op("layers.0.attention").attrs["tile"]["chunks"] > 1
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
+
+
+def test_three_query_heads_a_kv_head_merge_from_unaligned_chunk_results(tmp_path: Path,
+                                                                        monkeypatch) -> None:
+    """3 query heads a KV head: a chunk result is 3 x (32 + 2) = 102 floats, so most of a
+    group's batches of them start off the 16-byte boundaries that the merge's asynchronous
+    copies need (the host harness's copy aborts on an unaligned address, as the GPU's faults);
+    the merge copies from the boundary below and reads the batch where its first result
+    landed. 32 chunks merge in batches of 3."""
+    spec = dataclasses.replace(tilertc.load_spec("qwen3-tiny"), num_heads=6)
+    group = spec.num_heads // spec.num_kv_heads
+    assert group == 3 and group * (spec.head_dim + 2) % 4
+    target = get_target("h200")
+    monkeypatch.setattr(tiling, "MERGE_SMEM_SHARE",
+                        target.smem_per_block // (4 * group * (spec.head_dim + 2) * 4))
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 100)
+    assert program.graph.op("layers.0.attention").attrs["tile"]["merge_chunks"] == 3
+    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))

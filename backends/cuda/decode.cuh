@@ -249,14 +249,12 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 #endif
-#if MLA || FP8_MMA
 // 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
 // copies a thread has issued complete by its cp_async_wait_all.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-#endif
 __device__ __forceinline__ unsigned long long now_ns() {
   unsigned long long t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -2300,6 +2298,7 @@ static_assert(LANES_PER_KEY <= 32, "a key's row must fit one warp's lanes");
 constexpr int KEYS_PER_WARP = 32 / LANES_PER_KEY;
 constexpr int KEY_ROUNDS = 8 / KV_DIMS;  // 4 registers of keys and 4 of values per lane
 constexpr int PART = GROUP * (HEAD_DIM + 2);  // floats of one chunk's result: out, max, sum
+constexpr int PART16 = (PART + 3) & ~3;       // PART rounded up to whole 16-byte pieces
 using KvPiece = std::conditional_t<KV_DIMS == 8, uint4, uint2>;
 // The warps' partial results are summed in shared memory without atomics: a float atomicAdd on
 // shared memory is a compare-and-swap loop, and 16 warps adding to the same addresses took most
@@ -2502,7 +2501,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   __nv_bfloat16* vc = p.kv + t[F_VCACHE] + static_cast<long long>(g) * MAX_SEQ * HEAD_DIM;
   // This step's key and value, rounded to bf16 as the cache holds them: appended to the cache
   // and kept in shared memory (`cur`) for this task's own use.
-  uint8_t* cur = reinterpret_cast<uint8_t*>(out + ((PART + 3) & ~3));  // [2][HEAD_DIM] bf16, 16-byte aligned
+  uint8_t* cur = reinterpret_cast<uint8_t*>(out + PART16);  // [2][HEAD_DIM] bf16, 16-byte aligned
   if (last_chunk) {
     __nv_bfloat16* curh = reinterpret_cast<__nv_bfloat16*>(cur);
     for (int i = ct; i < HEAD_DIM; i += COMPUTE_WARPS * 32) {
@@ -2592,22 +2591,32 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;
   // Merge the group's chunks: every chunk's max and sum per head, and the chunk results
   // ATTN_MERGE_CHUNKS at a time through shared memory (passes/tiling.py: as many as fit a third
-  // of it; the first batch is staged with the maxima and sums, in one round trip to L2). A
-  // thread per head turns the maxima into each chunk's factor and sums the denominator; then
+  // of it). A batch arrives by asynchronous 16-byte copies, all of them in flight at once: one
+  // round trip to L2 a batch (loads into registers kept 16 a thread in flight, three round trips
+  // for Qwen3-32B's 66 KB); the maxima and sums are loaded while the first batch is on its way.
+  // A thread per head turns the maxima into each chunk's factor and sums the denominator; then
   // each output is summed over the chunks in order.
-  float* stats = out + PART;                  // [chunks][GROUP][2]: max, then factor (-1: empty); sum
-  float* den = stats + 2 * chunks * GROUP;    // [GROUP]
-  float* batch = den + GROUP;                 // [ATTN_MERGE_CHUNKS][PART]
+  float* staged = out + PART16;  // 16-byte aligned, ATTN_MERGE_CHUNKS * PART + 8 floats
+  float* stats = staged + ATTN_MERGE_CHUNKS * PART + 8;  // [chunks][GROUP][2]: max, then factor (-1: empty); sum
+  float* den = stats + 2 * chunks * GROUP;               // [GROUP]
+  // Copies chunk results k0.. from the 16-byte boundary at or below the first (PART is not a
+  // multiple of 4 floats when GROUP is odd) and returns where the first landed; the copies end
+  // at most 3 floats past the last result, inside the buffer's aligned end (passes/residency.py).
   const auto stage = [&](int k0) {
-    const int n = min(ATTN_MERGE_CHUNKS, chunks - k0) * PART;
-    for (int i = ct; i < n; i += COMPUTE_WARPS * 32) batch[i] = __ldcg(parts + k0 * PART + i);
+    const float* src = parts + k0 * PART;
+    const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(src) >> 2 & 3);
+    const int pieces = (min(ATTN_MERGE_CHUNKS, chunks - k0) * PART + lead + 3) / 4;
+    const uint4* from = reinterpret_cast<const uint4*>(src - lead);
+    for (int i = ct; i < pieces; i += COMPUTE_WARPS * 32) cp_async16(staged + 4 * i, from + i);
+    return static_cast<const float*>(staged + lead);
   };
+  const float* batch = stage(0);
   for (int i = ct; i < chunks * GROUP; i += COMPUTE_WARPS * 32) {
     const float* pk = parts + (i / GROUP) * PART + (i % GROUP) * (HEAD_DIM + 2) + HEAD_DIM;
     stats[2 * i] = __ldcg(pk);
     stats[2 * i + 1] = __ldcg(pk + 1);
   }
-  stage(0);
+  cp_async_wait_all();
   compute_sync();
   if (ct < GROUP) {
     float mx = -INFINITY, sum = 0.f;
@@ -2638,7 +2647,8 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
     k0 += ATTN_MERGE_CHUNKS;
     if (k0 >= chunks) break;
     compute_sync();  // every thread is done with the batch before the next overwrites it
-    stage(k0);
+    batch = stage(k0);
+    cp_async_wait_all();
     compute_sync();
   }
   float* o = p.act + t[F_OUT] + g * GROUP * HEAD_DIM;
