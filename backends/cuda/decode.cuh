@@ -2594,8 +2594,8 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   // of it). A batch arrives by asynchronous 16-byte copies, all of them in flight at once: one
   // round trip to L2 a batch (loads into registers kept 16 a thread in flight, three round trips
   // for Qwen3-32B's 66 KB); the maxima and sums are loaded while the first batch is on its way.
-  // A thread per head turns the maxima into each chunk's factor and sums the denominator; then
-  // each output is summed over the chunks in order.
+  // A warp per head turns the maxima into each chunk's factor and sums the denominator, a lane
+  // a chunk; then each output is summed over the chunks in order.
   float* staged = out + PART16;  // 16-byte aligned, ATTN_MERGE_CHUNKS * PART + 8 floats
   float* stats = staged + ATTN_MERGE_CHUNKS * PART + 8;  // [chunks][GROUP][2]: max, then factor (-1: empty); sum
   float* den = stats + 2 * chunks * GROUP;               // [GROUP]
@@ -2618,16 +2618,18 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   }
   cp_async_wait_all();
   compute_sync();
-  if (ct < GROUP) {
+  for (int h = warp; h < GROUP; h += COMPUTE_WARPS) {  // a warp per head, a lane per chunk
     float mx = -INFINITY, sum = 0.f;
-    for (int k = 0; k < chunks; ++k) mx = fmaxf(mx, stats[2 * (k * GROUP + ct)]);
-    for (int k = 0; k < chunks; ++k) {
-      float* st = stats + 2 * (k * GROUP + ct);
+    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, stats[2 * (k * GROUP + h)]);
+    mx = warp_max(mx);
+    for (int k = lane; k < chunks; k += 32) {
+      float* st = stats + 2 * (k * GROUP + h);
       const bool empty = st[0] == -INFINITY;  // a chunk without keys (context shorter than the chunk count)
       st[0] = empty ? -1.f : __expf(st[0] - mx);
       if (!empty) sum += st[1] * st[0];
     }
-    den[ct] = sum;
+    sum = warp_sum(sum);
+    if (lane == 0) den[h] = sum;
   }
   compute_sync();
   constexpr int OUTS = (GROUP * HEAD_DIM + COMPUTE_WARPS * 32 - 1) / (COMPUTE_WARPS * 32);  // a thread's outputs
