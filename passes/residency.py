@@ -169,7 +169,7 @@ def place(program: Program) -> Program:
         (
             (a["tile"]["merge_chunks"] + 1) * a["n_heads"] // a["n_kv_heads"] * (a["head_dim"] + 2)
             + (2 * a["tile"]["chunks"] + 1) * a["n_heads"] // a["n_kv_heads"]
-            + 3 + 8  # the staged batch 16-byte aligned, its copies' alignment slack
+            + 8  # the merge's copies past its batch (aligned as the key below, by its + 4)
             + a["n_heads"] // a["n_kv_heads"] * a["head_dim"]
             + 5 * a["head_dim"]
             + a["head_dim"] + 4  # this step's key and value in bf16, 16-byte aligned

@@ -51,19 +51,24 @@ def test_attn_chunks_knob_caps_the_chunks() -> None:
     assert mla.graph.op("layers.0.attention").attrs["tile"]["chunks"] == 4
 
 
-@pytest.mark.parametrize(("room", "prefill", "sms", "chunks"), [
-    (4, 20, 132, 32), (4, 100, 132, 32),
-    (2, 200, 8, 4),  # 50 keys per chunk: every one of the 4 compute warps holds some
+@pytest.mark.parametrize(("room", "prefill", "sms", "chunks", "heads"), [
+    (4, 20, 132, 32, 4), (4, 100, 132, 32, 4),
+    (2, 200, 8, 4, 4),  # 50 keys per chunk: every one of the 4 compute warps holds some
+    (4, 100, 132, 32, 6),  # 3 query heads a KV head: chunk results of 102 floats
 ])
 def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkeypatch, room: int,
-                                                          prefill: int, sms: int,
-                                                          chunks: int) -> None:
+                                                          prefill: int, sms: int, chunks: int,
+                                                          heads: int) -> None:
     """decode.cuh's own step on the host with the merge given room for `room` chunk results
     (its own and room - 1 staged): with 3 staged, 32 chunks merge in 11 batches, the last of 2,
     and at a 20-token prompt 11 chunks are empty; with 1 staged, the 4 compute warps sum their
     partial results in 2 rounds over 2 slots (WARP_SLOTS), on a GPU of 8 SMs so that every warp
-    has keys of its chunk."""
-    spec = tilertc.load_spec("qwen3-tiny")
+    has keys of its chunk. With 3 query heads a KV head a chunk result is 3 x (32 + 2) = 102
+    floats, so most batches start off the 16-byte boundaries that the merge's asynchronous
+    copies need (the host harness's copy aborts on an unaligned address, as the GPU's faults):
+    the merge copies from the boundary below and reads the batch where its first result
+    landed."""
+    spec = dataclasses.replace(tilertc.load_spec("qwen3-tiny"), num_heads=heads)
     group = spec.num_heads // spec.num_kv_heads
     part_bytes = group * (spec.head_dim + 2) * 4
     target = dataclasses.replace(get_target("h200"), num_sms=sms)
@@ -85,20 +90,3 @@ def test_eight_query_heads_a_kv_head_on_the_host_is_the_interpreters(tmp_path: P
     assert program.graph.op("layers.0.attention").attrs["tile"]["chunks"] > 1
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
 
-
-def test_three_query_heads_a_kv_head_merge_from_unaligned_chunk_results(tmp_path: Path,
-                                                                        monkeypatch) -> None:
-    """3 query heads a KV head: a chunk result is 3 x (32 + 2) = 102 floats, so most of a
-    group's batches of them start off the 16-byte boundaries that the merge's asynchronous
-    copies need (the host harness's copy aborts on an unaligned address, as the GPU's faults);
-    the merge copies from the boundary below and reads the batch where its first result
-    landed. 32 chunks merge in batches of 3."""
-    spec = dataclasses.replace(tilertc.load_spec("qwen3-tiny"), num_heads=6)
-    group = spec.num_heads // spec.num_kv_heads
-    assert group == 3 and group * (spec.head_dim + 2) % 4
-    target = get_target("h200")
-    monkeypatch.setattr(tiling, "MERGE_SMEM_SHARE",
-                        target.smem_per_block // (4 * group * (spec.head_dim + 2) * 4))
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 100)
-    assert program.graph.op("layers.0.attention").attrs["tile"]["merge_chunks"] == 3
-    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
