@@ -1879,8 +1879,11 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 
 // A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader
 // deals a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its
-// first row r of n) and released; `consumed` counts the task's pages, every group's.
-template <class Rows, class Body>
+// first row r of n) and released; `consumed` counts the task's pages, every group's. With
+// BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot itself, each thread
+// once, after its last read of the page, so that the loader refills it while the thread still
+// works on what it read.
+template <bool BODY_RELEASES = false, class Rows, class Body>
 __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows rows, Rows per_page, int group,
                                               uint32_t& consumed, Body body) {
   uint32_t page_index = consumed;
@@ -1888,8 +1891,12 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
     if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
     const int slot = page_index % RING_PAGES;
     ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
-    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));
-    release_page(s, slot);
+    if constexpr (BODY_RELEASES) {
+      body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r), slot);
+    } else {
+      body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));
+      release_page(s, slot);
+    }
   }
   consumed = page_index;
 }
@@ -1979,15 +1986,19 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
       }
     parity ^= 1;
   };
-  for_each_page(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n) {
+  // The page is released once the warpgroup's last wgmma on it is done and its last scale read,
+  // before that unit's fold and the flushes, which read only registers and s.vec: with 2 ring
+  // pages, a page's slot is otherwise not refilled while it is computed.
+  for_each_page<true>(p, s, stream_rows(t), rpp, group, consumed, [&](const uint8_t* page, int u0, int n, int slot) {
     float y[ROWS] = {};
     int tile = -1;
     // a warpgroup takes a run of the page's units, so that a tile's units (3 of 8 on a page of
     // K = 1536 tiles) mostly go to one warpgroup: fewer flushes, and fewer warpgroups adding
     // to the same rows at once
     constexpr int WG = GROUP_WARPS / 4;
-    const int run = (n + WG - 1) / WG;
-    for (int i = wg * run; i < min(n, (wg + 1) * run); ++i) {
+    const int run = (n + WG - 1) / WG, last = min(n, (wg + 1) * run) - 1;  // the warpgroup's last unit
+    if (last < wg * run) release_page(s, slot);  // no unit of the page
+    for (int i = wg * run; i <= last; ++i) {
       int piece = 0, pu = u0 + i;  // pu: the unit's index among its piece's
       if (pieces > 1) {
         piece = pu / units;
@@ -2012,6 +2023,8 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
         }
         wgmma_commit();
         wgmma_wait_all();
+        const float f = scale[j * blocks + b] * factor[piece * per_piece + j * per_segment + part * blocks + b];
+        if (i == last && b == blocks - 1) release_page(s, slot);
         // d[v]: row 16 w + g + 8 (v % 4 / 2), column 8 (v / 4) + 2 q + v % 2, in the row's own
         // segment where column / 4 = row / R: S = 8, v = 4 w + (q & 2) and the next; S = 4, v =
         // 4 (w / 2) .. + 3 where q / 2 = w % 2. A switch on the warp's part names them with
@@ -2023,7 +2036,6 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
           case 2: fold_segment<S, 2, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
           default: fold_segment<S, 3, N / 2, ROWS>(d, sum, q, w, f0, f1); break;
         }
-        const float f = scale[j * blocks + b] * factor[piece * per_piece + j * per_segment + part * blocks + b];
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) y[r] = fmaf(f, sum[r], y[r]);
       }
