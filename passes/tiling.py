@@ -7,7 +7,9 @@ per op is the finest split that keeps every SM's weight stream equal, and tasks 
 ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
 An op that starts with earlier ops it does not wait for takes only the SMs they leave, when
 that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
-that both run at once.
+that both run at once. A small op whose result is not wanted before a larger one's that starts
+with it shares the SMs with that one by bytes (`beside_partner`: the indexer's bf16 head
+weights on 3 SMs, q_b_proj on the other 129).
 Unless the `fp8_mma` knob is 0, a dense FP8 projection whose shape fits is cut in whole tiles
 of 8 rows (16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
 `ir/fp8.py: pack_tiles`) and its weights marked `tiled`; so are the routed experts' (a gate/up
@@ -220,6 +222,11 @@ def _tile_rows(program: Program, op) -> None:
     rows, rb = op.attrs["rows"], row_bytes(program, op)
     quantum = tile_rows(op.attrs["K"]) if tiled else 1
     sms, beside = sms_beside(program, op)
+    partner = beside_partner(program, op)
+    if partner is not None:  # the SMs the two share, in proportion to their bytes
+        other = program.graph.op(partner)
+        theirs = other.attrs["rows"] * row_bytes(program, other)
+        sms = -(-sms * rows * rb // (rows * rb + theirs))  # its tasks no larger than the partner's
     n = min(rows // quantum, sms)
     bounds = [quantum * b for b in _bounds(rows // quantum, n)]
     for i in range(n):
@@ -229,11 +236,14 @@ def _tile_rows(program: Program, op) -> None:
     sizes = {b - a for a, b in zip(bounds, bounds[1:], strict=False)}
     op.attrs["tile"] = {"tasks": n, "rows_per_task": (min(sizes), max(sizes)),
                         "bytes_per_task": max(sizes) * rb}
+    if partner is not None:
+        op.attrs["tile"]["beside"] = partner
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{min(sizes)}-{max(sizes)} rows" + (
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
                        f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
-                       f", on the SMs that {', '.join(beside)} leave" if beside else ""))
+                       f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
+                       f", beside {partner} (by bytes)" if partner else ""))
 
 
 def sms_beside(program: Program, op) -> tuple[int, list[str]]:
@@ -251,10 +261,42 @@ def sms_beside(program: Program, op) -> tuple[int, list[str]]:
     start = max(producers, key=order.__getitem__)
     # every path from the start to the op runs between the two in program order
     window = g.nx.subgraph(names[order[start]:order[op.name] + 1])
-    beside = sorted(nx.descendants(window, start) - nx.ancestors(window, op.name) - {op.name},
-                    key=order.__getitem__)
+    partners = {b for b in window if g.op(b).attrs.get("tile", {}).get("beside") == op.name}
+    beside = sorted((nx.descendants(window, start) | partners) - nx.ancestors(window, op.name)
+                    - {op.name}, key=order.__getitem__)
     left = sms - sum(g.op(b).attrs["tile"]["tasks"] for b in beside)
     return (left, beside) if beside and 2 * left >= sms else (sms, [])
+
+
+def beside_partner(program: Program, op) -> str | None:
+    """The op that matrix-vector op `op` shares the SMs with, by bytes, if any: a later
+    matrix-vector op that neither waits for the other, that every consumer of `op` waits for
+    too, and whose last producer starts with `op` (the same producers) and comes before it in
+    program order. On every SM `op` then runs after that producer, beside the partner, and its
+    result is not wanted before the partner's, so it takes only its share of the SMs instead
+    of putting a task ahead of the partner's on each of them. DeepSeek-V3.2's indexer head
+    weights (64 bf16 rows, 918 KB) beside q_b_proj: as one row a task they took 64 SMs for
+    ~4.4 us each (the fixed cost of a task) ahead of q_b_proj there, which the index scores,
+    their only consumer, wait for anyway."""
+    g = program.graph
+    names = list(g.nx.nodes)  # program order
+    order = {name: i for i, name in enumerate(names)}
+    producers = set(g.nx.predecessors(op.name))
+    consumers = list(g.nx.successors(op.name))
+    if not consumers:
+        return None
+    after = nx.descendants(g.nx, op.name)
+    for name in names[order[op.name] + 1:]:
+        other = g.op(name)
+        if other.opcode not in MATVEC or name in after or op.name in nx.ancestors(g.nx, name):
+            continue
+        if not all(name in nx.ancestors(g.nx, c) for c in consumers):
+            continue
+        last = max(g.nx.predecessors(name), key=order.__getitem__, default=None)
+        if last is not None and order[last] < order[op.name] and (
+                set(g.nx.predecessors(last)) == producers):
+            return name
+    return None
 
 
 def split_k_slices(program: Program, op) -> list[int]:

@@ -42,7 +42,7 @@ from tilertc.passes.roles import assign_roles, register_cap
 from tilertc.passes.scheduling import schedule as schedule_pass
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import MATVEC, has_tiles, row_bytes, sms_beside, tile
+from tilertc.passes.tiling import MATVEC, beside_partner, has_tiles, row_bytes, sms_beside, tile
 
 
 def until(name: str, last: Callable[[Program], Program], tp: int = 1, target: str = "h200",
@@ -371,12 +371,33 @@ def test_the_dsa_indexer_runs_beside_the_q_absorption() -> None:
     assert len(absorb) == 99 and len(indexer) == 32
     assert before.graph.op("layers.0.q_absorb").attrs["tile"]["tasks"] == 99  # tiling decided
     indexer_sms = {t.sm for t in [*indexer, *after.tasks_of("layers.0.dsa.topk")]}
-    assert len(indexer_sms) == 33 and not indexer_sms & {t.sm for t in absorb}
-    # the indexer's bf16 projections start with the input projection too, which takes every
-    # SM: they keep every SM and queue where they share one (no op is left fewer than half)
-    assert sms_beside(before, before.graph.op("layers.0.attn_in_proj.bf16")) == (132, [])
+    # (the top-k may share an SM with a score task, which it waits for anyway)
+    assert len({t.sm for t in indexer}) == 32 and not indexer_sms & {t.sm for t in absorb}
     assert sms_beside(before, before.graph.op("layers.0.q_absorb")) == (
         99, ["layers.0.dsa.score", "layers.0.dsa.topk"])
+
+
+def test_the_indexer_head_weights_share_the_sms_with_q_b_by_bytes() -> None:
+    """The indexer's bf16 head weights (64 rows, 918 KB) start with the FP8 input projection,
+    which takes every SM, and only the index scores read them, which wait for q_b_proj too.
+    Tiled alone they were 64 one-row tasks, each ahead of a q_b_proj task on its SM; beside
+    q_b_proj they take their bytes' share of the SMs (3) and q_b_proj the other 129."""
+    before, after = until("deepseek-v3.2", tile, num_hidden_layers=1, first_k_dense_replace=1)
+    head_weights, q_b = (after.graph.op(f"layers.0.{op}") for op in ("attn_in_proj.bf16",
+                                                                       "q_b_proj"))
+    assert "tile" not in before.graph.op(head_weights.name).attrs
+    assert beside_partner(before, head_weights) == q_b.name
+    assert head_weights.attrs["tile"]["tasks"] == 3 and q_b.attrs["tile"]["tasks"] == 129
+    assert head_weights.attrs["tile"]["bytes_per_task"] <= q_b.attrs["tile"]["bytes_per_task"]
+    assert sms_beside(after, q_b) == (129, [head_weights.name])
+    # nothing else has a partner: q_b_proj's consumers do not all wait for a later op, and the
+    # MoE shared expert's partner-to-be (the routed gate/up) waits for the router's top-k
+    moe = until("deepseek-v3.2", tile, num_hidden_layers=1, first_k_dense_replace=0)[1]
+    assert [op.name for op in moe.graph.ops() if "beside" in op.attrs.get("tile", {})] == [
+        head_weights.name]
+    schedule_pass(after)
+    assert not {t.sm for t in after.tasks_of(head_weights.name)} & {
+        t.sm for t in after.tasks_of(q_b.name)}
 
 
 def test_packing_lays_each_sm_out_contiguously_and_experts_apart() -> None:

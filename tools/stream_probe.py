@@ -5,7 +5,8 @@
 
 `build` makes a variant of ARTIFACT (tools/kernel_variant.py) whose kernel, while profiling,
 also stamps each page (globaltimer): when the loader issued it, when compute began to wait for
-it, saw it and released it (compute thread 0), for the first N pages of a launch per SM; and
+it, saw it and was done with it (compute thread 0; an FP8 tile page's slot is released a little
+earlier, before its last folds), for the first N pages of a launch per SM; and
 it stamps the end of each matrix-vector task's input staging in place of the task's start.
 The page stamps go into the profile buffer past the profiled steps, which `run` makes large
 enough. `run` loads each variant with random weights (one set per model), decodes a few
@@ -52,17 +53,16 @@ EDITS = [
     (LOADER_ISSUE,
      LOADER_ISSUE + "        if (p.profile && issued - 1 < PROBE_PAGES)\n"
      f"          {page_stamps('(issued - 1)')}[0] = now_ns();\n"),
-    ("    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);\n"
-     "    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));\n"
-     "    release_page(s, slot);\n",
+    ("    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);\n",
      "    unsigned long long* probe = p.profile && threadIdx.x == 0 && page_index < PROBE_PAGES\n"
      f"        ? {page_stamps('page_index')} : nullptr;\n"
      "    if (probe) probe[1] = now_ns();\n"
      "    ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);\n"
-     "    if (probe) probe[2] = now_ns();\n"
-     "    body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r));\n"
-     "    release_page(s, slot);\n"
-     "    if (probe) probe[3] = now_ns();\n"),
+     "    if (probe) probe[2] = now_ns();\n"),
+    # released: after the body, which releases an FP8 tile page itself before its last folds
+    ("      release_page(s, slot);\n    }\n  }\n  consumed = page_index;\n",
+     "      release_page(s, slot);\n    }\n    if (probe) probe[3] = now_ns();\n  }\n"
+     "  consumed = page_index;\n"),
     ("__device__ void run_matvec(",
      "__device__ unsigned long long* probe_stamp[1024];  // per CTA: its task's stamps, or null\n"
      "__device__ void run_matvec("),
