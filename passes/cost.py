@@ -138,17 +138,23 @@ def digit_staging_ns(program: Program, op: Op) -> float:
 def op_times_ns(program: Program) -> dict[str, float]:
     """Per fused op: the busiest SM's time on it (its tasks' bytes, and the fixed cost of each
     task after the SM's first of the op), plus one boundary (and an all-reduce, or an FP8 tile
-    op's digit staging)."""
+    op's digit staging). An op that runs beside a partner on SMs of its own (tiling:
+    `beside_partner`) adds only what it takes beyond the partner."""
     per: dict[str, dict[int, float]] = {}
     for t in program.tasks:
         sms = per.setdefault(t.op, {})
         # the SM's first task of the op: its fixed cost is part of the boundary
         sms[t.sm] = sms[t.sm] + task_fixed_ns(program, t) if t.sm in sms else 0.0
         sms[t.sm] += predicted_task_ns(program, t)
-    return {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
-            + chain_ns(op)
-            + digit_staging_ns(program, op)
-            for op in program.graph.ops()}
+    times = {op.name: max(per[op.name].values()) + BOUNDARY_NS + allreduce_ns(program, op)
+             + chain_ns(op)
+             + digit_staging_ns(program, op)
+             for op in program.graph.ops()}
+    for op in program.graph.ops():
+        partner = op.attrs["tile"].get("beside")
+        if partner is not None:
+            times[op.name] = max(0.0, times[op.name] - times[partner])
+    return times
 
 
 def step_ns(program: Program) -> float:
