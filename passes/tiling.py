@@ -253,8 +253,7 @@ def sms_beside(program: Program, op) -> tuple[int, list[str]]:
     MLA's q absorption: 33 tasks, so the absorption takes 99 SMs and both run at once); else
     every SM, the op then queueing behind them where they share an SM."""
     g, sms = program.graph, program.target.num_sms
-    names = list(g.nx.nodes)  # program order, a topological order
-    order = {name: i for i, name in enumerate(names)}
+    names, order = _program_order(program)
     producers = [p for p in g.nx.predecessors(op.name) if p != op.name]
     if not producers:
         return sms, []
@@ -279,24 +278,26 @@ def beside_partner(program: Program, op) -> str | None:
     ~4.4 us each (the fixed cost of a task) ahead of q_b_proj there, which the index scores,
     their only consumer, wait for anyway."""
     g = program.graph
-    names = list(g.nx.nodes)  # program order
-    order = {name: i for i, name in enumerate(names)}
+    names, order = _program_order(program)
     producers = set(g.nx.predecessors(op.name))
     consumers = list(g.nx.successors(op.name))
-    if not consumers:
-        return None
-    after = nx.descendants(g.nx, op.name)
-    for name in names[order[op.name] + 1:]:
-        other = g.op(name)
-        if other.opcode not in MATVEC or name in after or op.name in nx.ancestors(g.nx, name):
+    for name in names[order[op.name] + 1:] if consumers else ():
+        if g.op(name).opcode not in MATVEC:
             continue
-        if not all(name in nx.ancestors(g.nx, c) for c in consumers):
-            continue
+        # its producers all before `op` in program order (so it does not wait for `op`), the
+        # last of them a sibling of `op`; and every consumer of `op` waits for it
         last = max(g.nx.predecessors(name), key=order.__getitem__, default=None)
-        if last is not None and order[last] < order[op.name] and (
-                set(g.nx.predecessors(last)) == producers):
+        if (last is not None and order[last] < order[op.name]
+                and set(g.nx.predecessors(last)) == producers
+                and all(nx.has_path(g.nx, name, c) for c in consumers)):
             return name
     return None
+
+
+def _program_order(program: Program) -> tuple[list[str], dict[str, int]]:
+    """The ops' names in program order (a topological order) and each one's place in it."""
+    names = list(program.graph.nx.nodes)
+    return names, {name: i for i, name in enumerate(names)}
 
 
 def split_k_slices(program: Program, op) -> list[int]:
