@@ -1153,32 +1153,38 @@ __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
-static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
+static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums, and its max and sum, two at a time (8-byte aligned)");
 
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
-// at all. A warp per head weighs its chunks (a lane per chunk, the factors after the heads'
-// inputs in s.vec), then each thread adds up two dims of a head over the chunks, those loads in
-// flight together. The task that holds a head's first row also leaves the head in o_latent
-// (F_IN), the attention's output in the graph, which nothing downstream reads: what the tests
-// and Engine's activations see.
+// at all. A warp per head weighs its chunks (a lane per chunk: its max and sum in one load, kept
+// in s.vec after the heads' inputs as [n][chunks] maxima, then factors, and [n][chunks] sums),
+// then each thread adds up two dims of a head over the chunks, those loads in flight together.
+// The task that holds a head's first row also leaves the head in o_latent (F_IN), the
+// attention's output in the graph, which nothing downstream reads: what the tests and Engine's
+// activations see.
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
   const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
   float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
+  float* sum = factor + n * chunks;      // [n][chunks]
   const auto part = [&](int h, int k) {  // chunk k's result for head h
     return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
            h % MLA_HEADS * (MLA_RANK + 2);
   };
   for (int i = warp; i < n; i += COMPUTE_WARPS) {
     float mx = -INFINITY, den = 0.f;
-    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(part(h0 + i, k) + MLA_RANK));
+    for (int k = lane; k < chunks; k += 32) {  // a lane reads back only what it stored
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK));
+      factor[i * chunks + k] = ml.x;
+      sum[i * chunks + k] = ml.y;
+      mx = fmaxf(mx, ml.x);
+    }
     mx = warp_max(mx);
     for (int k = lane; k < chunks; k += 32) {
-      const float* ml = part(h0 + i, k) + MLA_RANK;
-      const float m = __ldcg(ml), f = m == -INFINITY ? 0.f : __expf(m - mx);
+      const float m = factor[i * chunks + k], f = m == -INFINITY ? 0.f : __expf(m - mx);
       factor[i * chunks + k] = f;
-      den += f * __ldcg(ml + 1);
+      den += f * sum[i * chunks + k];
     }
     den = warp_sum(den);
     for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
@@ -3095,25 +3101,29 @@ __device__ __forceinline__ void stage_row(uint4* dst, const uint4* src, bool liv
   }
 }
 
-// Stages the block of keys [b0, min(b0 + MLA_KEYS, k1)) of the chunk: its rows (each of
-// 2 MLA_KSTEPS 16-byte pieces; zero past MLA_W and past the block's keys), NT / MLA_KEYS threads
-// a row, each reading the row's id once (DSA) and then issuing its copies at once (asynchronous,
-// no registers held), so that a block costs one round trip to L2; the caller's barrier
-// publishes the rows.
+// The block of keys [b0, min(b0 + MLA_KEYS, k1)) of the chunk is staged NT / MLA_KEYS threads a
+// row: its rows, each of 2 MLA_KSTEPS 16-byte pieces, zero past MLA_W and past the block's keys.
+// mla_block_row is the cache row of a thread's key (-1 past k1); with DSA it is read from the
+// indexer's list (F_AUX2), a round trip to L2 that the caller starts a block ahead.
 static_assert(NT % MLA_KEYS == 0, "whole threads per staged row");
 constexpr int MLA_ROW_THREADS = NT / MLA_KEYS;
-__device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long b0,
-                                               long long k1, int ct) {
-  const int j = ct / MLA_ROW_THREADS;
-  const bool live = b0 + j < k1;
-#if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected (F_AUX2)
-  const long long row = live ? __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + b0 + j) : 0;
+__device__ __forceinline__ long long mla_block_row(const Params& p, const int* t, long long b0, long long k1, int ct) {
+  const long long key = b0 + ct / MLA_ROW_THREADS;
+  if (key >= k1) return -1;
+#if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected
+  return __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + key);
 #else
-  const long long row = b0 + j;
+  return key;
 #endif
-  stage_row(reinterpret_cast<uint4*>(rows + j * MLA_ROW), reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + row * MLA_W),
-            live, MLA_PIECES, 2 * MLA_KSTEPS, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
-  cp_async_wait_all();
+}
+// Issues the thread's copies of its key's row (asynchronous, no registers held): the caller
+// waits (cp_async_wait_all) and publishes the rows with a barrier, so that a block costs one
+// round trip to HBM.
+__device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long row,
+                                               int ct) {
+  stage_row(reinterpret_cast<uint4*>(rows + ct / MLA_ROW_THREADS * MLA_ROW),
+            reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + max(row, 0ll) * MLA_W), row >= 0, MLA_PIECES,
+            2 * MLA_KSTEPS, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
 }
 
 // S = Q K^T of the staged block: a warp's item is an n-tile of 8 keys (B = the keys' rows, a key's
@@ -3202,23 +3212,27 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT]
 
 // The chunk's rows [k0, k1) are taken MLA_KEYS at a time, on the tensor cores (mma.m16n8k16,
 // bf16 in, fp32 sums; FlashMLA's scheme): every thread copies its share of the block's rows
-// to shared memory (mla_load_block); the warps score the block (mla_scores), a warp per head moves its online softmax
-// (mla_softmax), and the warps add the probability-weighted rows to the heads' sums, which stay
-// in registers (mla_values). The queries and probabilities are split into bf16 hi + lo, so
-// scores and sums keep ~16 significand bits of the fp32 reference's 24; the rows are bf16 as
-// cached. Each row is read from L2 once.
+// to shared memory (mla_load_block; the first block's copies issued by the caller, before it
+// stages the queries, and each next block's row ids read while this one is computed); the warps
+// score the block (mla_scores), a warp per head moves its online softmax (mla_softmax), and
+// the warps add the probability-weighted rows to the heads' sums, which stay in registers
+// (mla_values). The queries and probabilities are split into bf16 hi + lo, so scores and sums
+// keep ~16 significand bits of the fp32 reference's 24; the rows are bf16 as cached. Each row
+// is read from L2 once.
 __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long long k0, long long k1,
                           float (&o)[MLA_OT][4], int ct) {
   const int warp = ct >> 5, lane = ct & 31;
   for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
-    mla_load_block(p, t, m.rows(), b0, k1, ct);
-    compute_sync();
+    cp_async_wait_all();
+    compute_sync();  // the block's rows (and, at the first, the queries)
+    const long long next = mla_block_row(p, t, b0 + MLA_KEYS, k1, ct);
     mla_scores(m, warp, lane);
     compute_sync();
     mla_softmax(m, static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0)), warp, lane);
     compute_sync();
     mla_values(m, o, warp, lane);
     compute_sync();  // before the next block's rows and probabilities replace these
+    if (b0 + MLA_KEYS < k1) mla_load_block(p, t, m.rows(), next, ct);
   }
 }
 
@@ -3260,6 +3274,7 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
     stage.st()[h] = -INFINITY;
     stage.st()[MLA_HEADS + h] = 0.f;
   }
+  mla_load_block(p, t, stage.rows(), mla_block_row(p, t, k0, k1, ct), ct);  // in flight while queries stage
   compute_sync();
   mla_stage_queries(p, t, stage, g, ct);
   float acc[MLA_OT][4] = {};
