@@ -86,16 +86,15 @@ def dsa_staged_floats(heads: int, dim: int) -> int:
 
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span (v expansion, which merges them, also each chunk's factor and sum per
-    head); an MLA chunk see `mla_staged_floats`; a DSA chunk see `dsa_staged_floats`."""
+    its rows span (v expansion merges them in registers); an MLA chunk see
+    `mla_staged_floats`; a DSA chunk see `dsa_staged_floats`."""
     g = program.graph
     need = [0]
     for t in program.tasks:
         if t.opcode == "head_matvec":
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
-            chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
-            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * (a["K"] + 2 * chunks))
+            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * a["K"])
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":

@@ -1158,48 +1158,33 @@ static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums, and its max an
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
-// at all. A warp per head weighs its chunks (a lane per chunk: its max and sum in one load, kept
-// in s.vec after the heads' inputs as [n][chunks] maxima, then factors, and [n][chunks] sums),
-// then each thread adds up two dims of a head over the chunks, those loads in flight together.
-// The task that holds a head's first row also leaves the head in o_latent (F_IN), the
-// attention's output in the graph, which nothing downstream reads: what the tests and Engine's
-// activations see.
+// at all. Each thread merges two dims of a head in one pass over the chunks, as an online
+// softmax does (the sums so far rescaled when a chunk raises the max), reading each chunk's max
+// and sum beside its two dims: all loads independent, so that a batch of chunks is one round
+// trip to L2 (a warp per head weighing the chunks first, then the dims, took two, and ~4.3 µs of
+// a DeepSeek-V3.2 v expansion task; H200, docs/performance.md). The task that holds a head's
+// first row also leaves the head in o_latent (F_IN), the attention's output in the graph, which
+// nothing downstream reads: what the tests and Engine's activations see.
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
-  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
-  float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
-  float* sum = factor + n * chunks;      // [n][chunks]
-  const auto part = [&](int h, int k) {  // chunk k's result for head h
-    return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
-           h % MLA_HEADS * (MLA_RANK + 2);
-  };
-  for (int i = warp; i < n; i += COMPUTE_WARPS) {
-    float mx = -INFINITY, den = 0.f;
-    for (int k = lane; k < chunks; k += 32) {  // a lane reads back only what it stored
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK));
-      factor[i * chunks + k] = ml.x;
-      sum[i * chunks + k] = ml.y;
-      mx = fmaxf(mx, ml.x);
-    }
-    mx = warp_max(mx);
-    for (int k = lane; k < chunks; k += 32) {
-      const float m = factor[i * chunks + k], f = m == -INFINITY ? 0.f : __expf(m - mx);
-      factor[i * chunks + k] = f;
-      den += f * sum[i * chunks + k];
-    }
-    den = warp_sum(den);
-    for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
-  }
-  compute_sync();
+  const int chunks = t[F_COUNT], n = h1 - h0;
   for (int j = ct; j < n * MLA_RANK / 2; j += NT) {
     const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
+    const float* head = p.act + t[F_AUX3] + static_cast<long long>((h0 + i) / MLA_HEADS) * chunks * MLA_PART +
+                        (h0 + i) % MLA_HEADS * (MLA_RANK + 2);  // chunk 0's result for the head
+    float mx = -INFINITY, den = 0.f;
     float2 num = make_float2(0.f, 0.f);
 #pragma unroll 8
     for (int k = 0; k < chunks; ++k) {
-      const float f = factor[i * chunks + k];
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + d));
-      num.x = fmaf(f, v.x, num.x);
-      num.y = fmaf(f, v.y, num.y);
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(head + k * MLA_PART + MLA_RANK));
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(head + k * MLA_PART + d));
+      const float top = fmaxf(mx, ml.x);
+      const float old = mx == -INFINITY ? 0.f : __expf(mx - top);  // nothing summed yet: 0
+      const float f = ml.x == -INFINITY ? 0.f : __expf(ml.x - top);
+      den = fmaf(den, old, f * ml.y);
+      num = make_float2(fmaf(num.x, old, f * v.x), fmaf(num.y, old, f * v.y));
+      mx = top;
     }
+    num = make_float2(num.x / den, num.y / den);
     s.vec[i * MLA_RANK + d] = num.x;
     s.vec[i * MLA_RANK + d + 1] = num.y;
     if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0])
