@@ -1789,9 +1789,9 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
   return y;
 }
 
-// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (MLA's q absorption: k = 128 in
-// DeepSeek-V3, 192 in GLM-5) is all latency in dot_groups: a group or two a lane, then a warp
-// sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row
+// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (a small model's projection, or
+// MLA's q absorption where its scales are finer than head_rows_mma's k-steps) is all latency in
+// dot_groups: a group or two a lane, then a warp sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row
 // (lane l of the row: groups l, l + SHORT_ROW_LANES, ..., in two sums), and sums over its
 // row's lanes only; every lane gets its row's sum. A round of 4 groups is loaded before any is
 // multiplied: a guard around each group's loads and sum made each group's loads wait for the
@@ -2042,6 +2042,83 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
 }
 #endif
 
+#if MLA && WEIGHT_FP8
+// A head_matvec's FP8 rows (MLA's q absorption and v expansion: each head's rows read its own
+// x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a q
+// absorption page (462 rows of k = 128) took 2.7 µs and a v expansion page (124 rows of 512)
+// 4.7 µs of latency-bound dot products and warp sums, for 64 KB that arrive in ~2 (H200,
+// docs/performance.md). A warp takes an m-tile of 16 rows at a time: A the rows' e4m3 values as
+// bf16 (exact), B of 8 columns the tile's x as three bf16 parts (hi, mid, lo: x's 24 significand
+// bits, so that the products are fp32's as on the CUDA cores; the columns are there anyway),
+// its first row's head in columns 0, 2, 4 and the head after it in 1, 3, 5,
+// where the tile runs into it (a page spans at most two heads: its rows are fewer than a
+// head's); each row takes its own head's columns. A scale block's k-steps go into D, which is
+// then scaled and added up per row (as Fp8Row's sums).
+__device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
+  return t[F_OPCODE] == OP_HEAD_MATVEC && (4 << scale_shift) % 16 == 0 && (8 * k8) % 16 == 0;
+}
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
+  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3)));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+// Part `part` (0: hi, 1: mid, 2: lo) of the pair (x, y) as bf16: each part the bf16 of what the
+// ones before it leave.
+__device__ __forceinline__ uint32_t bf16x2_part(float x, float y, int part) {
+  __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
+  for (int i = 0; i < part; ++i) {
+    const float2 h = __bfloat1622float2(b);
+    x -= h.x;
+    y -= h.y;
+    b = __floats2bfloat162_rn(x, y);
+  }
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+__device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
+                              int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
+  const HeadInputs head_input = head_inputs(t);
+  const int k = 8 * k8, block = 4 << scale_shift, g = lane >> 2, q = lane & 3;
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+    for (int m0 = 16 * gw; m0 < n; m0 += 16 * GROUP_WARPS) {
+      const int i0 = min(m0 + g, n - 1), i1 = min(m0 + g + 8, n - 1);  // past the page: repeats, unstored
+      const uint8_t* w0 = page + i0 * rb;
+      const uint8_t* w1 = page + i1 * rb;
+      const int first = head_input(r + m0), next = head_input(r + min(m0 + 15, n - 1));
+      const float* x = s.vec + (g & 1 ? next : first);  // column g's x: part g / 2 (columns 6, 7 zero)
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int kb = 0; kb < k; kb += block) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k0 = kb; k0 < min(kb + block, k); k0 += 16) {  // a block may be wider than the row
+          const int c = k0 + 2 * q;
+          const uint32_t a[4] = {e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c + 8)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c + 8))};
+          const uint32_t b0 = g < 6 ? bf16x2_part(x[c], x[c + 1], g >> 1) : 0u;
+          const uint32_t b1 = g < 6 ? bf16x2_part(x[c + 8], x[c + 9], g >> 1) : 0u;
+          mma_bf16_16816(d, a, b0, b1);
+        }
+        const float s0 = reinterpret_cast<const float*>(w0 + k)[kb / block];
+        const float s1 = reinterpret_cast<const float*>(w1 + k)[kb / block];
+        y[0] = fmaf(d[0], s0, y[0]);
+        y[1] = fmaf(d[1], s0, y[1]);
+        y[2] = fmaf(d[2], s1, y[2]);
+        y[3] = fmaf(d[3], s1, y[3]);
+      }
+      // lanes q = 0, 1, 2 hold columns 0, 1 (hi), 2, 3 (mid), 4, 5 (lo) of rows g and g + 8, q = 3
+      // the zero columns 6, 7: (hi + mid) + lo in lane q = 0
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 1);
+        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 2);
+      }
+      if (q == 0 && m0 + g < n) s.acc[r + m0 + g] = head_input(r + m0 + g) == first ? y[0] : y[1];
+      if (q == 0 && m0 + g + 8 < n) s.acc[r + m0 + g + 8] = head_input(r + m0 + g + 8) == first ? y[2] : y[3];
+    }
+  });
+}
+#endif
+
 // The row sums of a matrix-vector task's `rows` rows (`halves` sums per row: gate/up pairs) from
 // its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
 // caller derives the thread's lane, page group and warp in the group first thing in the task (in
@@ -2063,6 +2140,12 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
       tile_pages<8>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
     else
       tile_pages<4>(p, s, t, rb, rpp, halves, consumed, lane, group, gw);
+    return;
+  }
+#endif
+#if MLA && WEIGHT_FP8
+  if (fp8 && head_rows_on_mma(t, k8, scale_shift)) {
+    head_rows_mma(p, s, t, rows, rb, rpp, k8, scale_shift, consumed, lane, group, gw);
     return;
   }
 #endif
