@@ -2047,13 +2047,14 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
 // x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a q
 // absorption page (462 rows of k = 128) took 2.7 µs and a v expansion page (124 rows of 512)
 // 4.7 µs of latency-bound dot products and warp sums, for 64 KB that arrive in ~2 (H200,
-// docs/performance.md). A warp takes an m-tile of 16 rows at a time: A the rows' e4m3 values as
-// bf16 (exact), B of 8 columns the tile's x as three bf16 parts (hi, mid, lo: x's 24 significand
-// bits, so that the products are fp32's as on the CUDA cores; the columns are there anyway),
-// its first row's head in columns 0, 2, 4 and the head after it in 1, 3, 5,
-// where the tile runs into it (a page spans at most two heads: its rows are fewer than a
-// head's); each row takes its own head's columns. A scale block's k-steps go into D, which is
-// then scaled and added up per row (as Fp8Row's sums).
+// docs/performance.md). The task's heads' x are first split into three bf16 parts (hi, mid,
+// lo: x's 24 significand bits, so that the products are fp32's as on the CUDA cores), kept
+// after the inputs as [head][part][k] with a zero fourth part. A warp then takes an m-tile of 16
+// rows (with few m-tiles, half of its k-steps, the halves added in s.acc): A the rows' e4m3
+// values as bf16 (exact), B of 8 columns the tile's x parts, its first row's head in columns 0,
+// 2, 4 and the head after it in 1, 3, 5 where the tile runs into it (a page spans at most two
+// heads: its rows are fewer than a head's), zero in 6, 7; each row takes its own head's
+// columns. A scale block's k-steps go into D, which is then scaled and added up per row.
 __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
   return t[F_OPCODE] == OP_HEAD_MATVEC && (4 << scale_shift) % 16 == 0 && (8 * k8) % 16 == 0;
 }
@@ -2062,41 +2063,43 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
   const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&b);
 }
-// Part `part` (0: hi, 1: mid, 2: lo) of the pair (x, y) as bf16: each part the bf16 of what the
-// ones before it leave.
-__device__ __forceinline__ uint32_t bf16x2_part(float x, float y, int part) {
-  __nv_bfloat162 b = __floats2bfloat162_rn(x, y);
-  for (int i = 0; i < part; ++i) {
-    const float2 h = __bfloat1622float2(b);
-    x -= h.x;
-    y -= h.y;
-    b = __floats2bfloat162_rn(x, y);
-  }
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
 __device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
                               int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
   const HeadInputs head_input = head_inputs(t);
   const int k = 8 * k8, block = 4 << scale_shift, g = lane >> 2, q = lane & 3;
+  const int heads = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1 - t[F_ROW0] / t[F_HEAD_ROWS];
+  __nv_bfloat16* parts = reinterpret_cast<__nv_bfloat16*>(s.vec + heads * k);  // [heads][4][k]
+  for (int i = (group * GROUP_WARPS + gw) * 32 + lane; i < heads * k; i += NT) {
+    __nv_bfloat16* out = parts + i / k * 4 * k + i % k;
+    float v = s.vec[i];  // the heads' inputs lie k apart
+    for (int part = 0; part < 3; ++part) {
+      out[part * k] = __float2bfloat16(v);
+      v -= __bfloat162float(out[part * k]);
+    }
+    out[3 * k] = __float2bfloat16(0.f);
+  }
+  compute_sync();
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
-    for (int m0 = 16 * gw; m0 < n; m0 += 16 * GROUP_WARPS) {
+    const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && k % (2 * block) == 0 ? 2 : 1;
+    for (int item = gw; item < tiles * split; item += GROUP_WARPS) {
+      const int m0 = 16 * (item / split), kb0 = item % split * (k / split);
       const int i0 = min(m0 + g, n - 1), i1 = min(m0 + g + 8, n - 1);  // past the page: repeats, unstored
       const uint8_t* w0 = page + i0 * rb;
       const uint8_t* w1 = page + i1 * rb;
       const int first = head_input(r + m0), next = head_input(r + min(m0 + 15, n - 1));
-      const float* x = s.vec + (g & 1 ? next : first);  // column g's x: part g / 2 (columns 6, 7 zero)
+      const __nv_bfloat16* x = parts + ((g & 1 ? next : first) / k * 4 + min(g >> 1, 3)) * k + 2 * q;
       float y[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int kb = 0; kb < k; kb += block) {
+      for (int kb = kb0; kb < kb0 + k / split; kb += block) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
         for (int k0 = kb; k0 < min(kb + block, k); k0 += 16) {  // a block may be wider than the row
           const int c = k0 + 2 * q;
           const uint32_t a[4] = {e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c)),
                                  e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c)),
                                  e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c + 8)),
                                  e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c + 8))};
-          const uint32_t b0 = g < 6 ? bf16x2_part(x[c], x[c + 1], g >> 1) : 0u;
-          const uint32_t b1 = g < 6 ? bf16x2_part(x[c + 8], x[c + 9], g >> 1) : 0u;
-          mma_bf16_16816(d, a, b0, b1);
+          mma_bf16_16816(d, a, *reinterpret_cast<const uint32_t*>(x + k0),
+                         *reinterpret_cast<const uint32_t*>(x + k0 + 8));
         }
         const float s0 = reinterpret_cast<const float*>(w0 + k)[kb / block];
         const float s1 = reinterpret_cast<const float*>(w1 + k)[kb / block];
@@ -2112,8 +2115,13 @@ __device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows
         y[j] += __shfl_xor_sync(0xffffffffu, y[j], 1);
         y[j] += __shfl_xor_sync(0xffffffffu, y[j], 2);
       }
-      if (q == 0 && m0 + g < n) s.acc[r + m0 + g] = head_input(r + m0 + g) == first ? y[0] : y[1];
-      if (q == 0 && m0 + g + 8 < n) s.acc[r + m0 + g + 8] = head_input(r + m0 + g + 8) == first ? y[2] : y[3];
+      for (int h = 0; h < 2; ++h) {  // rows g and g + 8; two halves add up alike in either order
+        const int i = m0 + g + 8 * h;
+        const float v = head_input(r + i) == first ? y[2 * h] : y[2 * h + 1];
+        if (q != 0 || i >= n) continue;
+        if (split == 1) s.acc[r + i] = v;
+        else atomicAdd(&s.acc[r + i], v);
+      }
     }
   });
 }
