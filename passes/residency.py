@@ -86,8 +86,8 @@ def dsa_staged_floats(heads: int, dim: int) -> int:
 
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span (v expansion merges them in registers), FP8 rows also their bf16 parts
-    (decode.cuh: head_rows_mma); an MLA chunk see `mla_staged_floats`; a DSA chunk see
+    its rows span (v expansion, which merges them, also each chunk's factor per head; FP8
+    rows then their bf16 parts); an MLA chunk see `mla_staged_floats`; a DSA chunk see
     `dsa_staged_floats`."""
     g = program.graph
     need = [0]
@@ -95,9 +95,12 @@ def _staged_floats(program: Program) -> int:
         if t.opcode == "head_matvec":
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
-            # FP8 rows: each head's x also as three bf16 parts and a zero one (head_rows_mma)
+            chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
+            # FP8 rows: after the merge, each head's x also as three bf16 parts and a zero one
+            # (decode.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
             fp8 = g.tensors[g.op(t.op).inputs[1]].dtype == "fp8_e4m3"
-            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * a["K"] * (3 if fp8 else 1))
+            per_head = max(a["K"] + chunks, 3 * a["K"] if fp8 else 0)
+            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":

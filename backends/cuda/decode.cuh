@@ -1153,38 +1153,47 @@ __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
-static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums, and its max and sum, two at a time (8-byte aligned)");
+static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
-// at all. Each thread merges two dims of a head in one pass over the chunks, as an online
-// softmax does (the sums so far rescaled when a chunk raises the max), reading each chunk's max
-// and sum beside its two dims: all loads independent, so that a batch of chunks is one round
-// trip to L2 (a warp per head weighing the chunks first, then the dims, took two, and ~4.3 µs of
-// a DeepSeek-V3.2 v expansion task; H200, docs/performance.md). The task that holds a head's
-// first row also leaves the head in o_latent (F_IN), the attention's output in the graph, which
-// nothing downstream reads: what the tests and Engine's activations see.
+// at all. A warp per head weighs its chunks (a lane per chunk, the factors after the heads'
+// inputs in s.vec), then each thread adds up two dims of a head over the chunks, those loads in
+// flight together. The task that holds a head's first row also leaves the head in o_latent
+// (F_IN), the attention's output in the graph, which nothing downstream reads: what the tests
+// and Engine's activations see.
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
-  const int chunks = t[F_COUNT], n = h1 - h0;
+  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
+  float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
+  const auto part = [&](int h, int k) {  // chunk k's result for head h
+    return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
+           h % MLA_HEADS * (MLA_RANK + 2);
+  };
+  for (int i = warp; i < n; i += COMPUTE_WARPS) {
+    float mx = -INFINITY, den = 0.f;
+    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(part(h0 + i, k) + MLA_RANK));
+    mx = warp_max(mx);
+    for (int k = lane; k < chunks; k += 32) {
+      const float* ml = part(h0 + i, k) + MLA_RANK;
+      const float m = __ldcg(ml), f = m == -INFINITY ? 0.f : __expf(m - mx);
+      factor[i * chunks + k] = f;
+      den += f * __ldcg(ml + 1);
+    }
+    den = warp_sum(den);
+    for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
+  }
+  compute_sync();
   for (int j = ct; j < n * MLA_RANK / 2; j += NT) {
     const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
-    const float* head = p.act + t[F_AUX3] + static_cast<long long>((h0 + i) / MLA_HEADS) * chunks * MLA_PART +
-                        (h0 + i) % MLA_HEADS * (MLA_RANK + 2);  // chunk 0's result for the head
-    float mx = -INFINITY, den = 0.f;
     float2 num = make_float2(0.f, 0.f);
 #pragma unroll 8
     for (int k = 0; k < chunks; ++k) {
-      const float2 ml = __ldcg(reinterpret_cast<const float2*>(head + k * MLA_PART + MLA_RANK));
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(head + k * MLA_PART + d));
-      const float top = fmaxf(mx, ml.x);
-      const float old = mx == -INFINITY ? 0.f : __expf(mx - top);  // nothing summed yet: 0
-      const float f = ml.x == -INFINITY ? 0.f : __expf(ml.x - top);
-      den = fmaf(den, old, f * ml.y);
-      num = make_float2(fmaf(num.x, old, f * v.x), fmaf(num.y, old, f * v.y));
-      mx = top;
+      const float f = factor[i * chunks + k];
+      const float2 v = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + d));
+      num.x = fmaf(f, v.x, num.x);
+      num.y = fmaf(f, v.y, num.y);
     }
-    num = make_float2(num.x / den, num.y / den);
     s.vec[i * MLA_RANK + d] = num.x;
     s.vec[i * MLA_RANK + d + 1] = num.y;
     if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0])
@@ -2043,11 +2052,12 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
 #endif
 
 #if MLA && WEIGHT_FP8
-// A head_matvec's FP8 rows (MLA's q absorption and v expansion: each head's rows read its own
-// x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a q
-// absorption page (462 rows of k = 128) took 2.7 µs and a v expansion page (124 rows of 512)
-// 4.7 µs of latency-bound dot products and warp sums, for 64 KB that arrive in ~2 (H200,
-// docs/performance.md). The task's heads' x are first split into three bf16 parts (hi, mid,
+// A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its
+// own x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v
+// expansion page (124 rows of k = 512) took 4.7 µs of latency-bound dot products and warp sums,
+// here 3.7 (H200, docs/performance.md, session 35). Short rows (the q absorption's, k = 128 or
+// 192) stay with dot_short_row: a page of 462 took 3.4 µs here against 2.7. The task's heads' x
+// are first split into three bf16 parts (hi, mid,
 // lo: x's 24 significand bits, so that the products are fp32's as on the CUDA cores), kept
 // after the inputs as [head][part][k] with a zero fourth part. A warp then takes an m-tile of 16
 // rows (with few m-tiles, half of its k-steps, the halves added in s.acc): A the rows' e4m3
@@ -2056,7 +2066,8 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
 // heads: its rows are fewer than a head's), zero in 6, 7; each row takes its own head's
 // columns. A scale block's k-steps go into D, which is then scaled and added up per row.
 __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
-  return t[F_OPCODE] == OP_HEAD_MATVEC && (4 << scale_shift) % 16 == 0 && (8 * k8) % 16 == 0;
+  return t[F_OPCODE] == OP_HEAD_MATVEC && 2 * k8 > SHORT_ROW_GROUPS && (4 << scale_shift) % 16 == 0 &&
+         (8 * k8) % 16 == 0;
 }
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
   const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3)));
