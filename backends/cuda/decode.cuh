@@ -1798,13 +1798,14 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
   return y;
 }
 
-// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (a small model's projection, or
-// MLA's q absorption where its scales are finer than head_rows_mma's k-steps) is all latency in
-// dot_groups: a group or two a lane, then a warp sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row
-// (lane l of the row: groups l, l + SHORT_ROW_LANES, ..., in two sums), and sums over its
-// row's lanes only; every lane gets its row's sum. A round of 4 groups is loaded before any is
-// multiplied: a guard around each group's loads and sum made each group's loads wait for the
-// previous group's sum (a q absorption page of 462 rows: ~3.4 us).
+// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (MLA's q absorption: k = 128 in
+// DeepSeek-V3, 192 in GLM-5, where head_rows_mma measured slower; a small model's projection) is
+// all latency in dot_groups: a group or two a lane, then a warp sum. A warp takes
+// SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row (lane l of the row:
+// groups l, l + SHORT_ROW_LANES, ..., in two sums), and sums over its row's lanes only; every lane
+// gets its row's sum. A round of 4 groups is loaded before any is multiplied: a guard around each
+// group's loads and sum made each group's loads wait for the previous group's sum (a q absorption
+// page of 462 rows: ~3.4 us).
 constexpr int SHORT_ROW_LANES = 8, SHORT_ROWS_PER_WARP = 32 / SHORT_ROW_LANES;
 constexpr int SHORT_ROW_GROUPS = 8 * SHORT_ROW_LANES;  // 8 groups a lane at most: k <= 256
 constexpr int SHORT_ROUND = 4;  // groups a lane loads at once (8: spills at 96 registers)
@@ -2052,19 +2053,18 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int rb, int
 #endif
 
 #if MLA && WEIGHT_FP8
-// A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its
-// own x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v
-// expansion page (124 rows of k = 512) took 4.7 µs of latency-bound dot products and warp sums,
-// here 3.7 (H200, docs/performance.md, session 35). Short rows (the q absorption's, k = 128 or
-// 192) stay with dot_short_row: a page of 462 took 3.4 µs here against 2.7. The task's heads' x
-// are first split into three bf16 parts (hi, mid,
-// lo: x's 24 significand bits, so that the products are fp32's as on the CUDA cores), kept
-// after the inputs as [head][part][k] with a zero fourth part. A warp then takes an m-tile of 16
-// rows (with few m-tiles, half of its k-steps, the halves added in s.acc): A the rows' e4m3
-// values as bf16 (exact), B of 8 columns the tile's x parts, its first row's head in columns 0,
-// 2, 4 and the head after it in 1, 3, 5 where the tile runs into it (a page spans at most two
-// heads: its rows are fewer than a head's), zero in 6, 7; each row takes its own head's
-// columns. A scale block's k-steps go into D, which is then scaled and added up per row.
+// A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its own
+// x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v expansion
+// page (124 rows of k = 512) took 4.7 µs of latency-bound dot products and warp sums, here 3.7
+// (H200, docs/performance.md, session 35). Short rows (the q absorption's, k = 128 or 192) stay
+// with dot_short_row: a page of 462 took 3.4 µs here against 2.7. The task's heads' x are first
+// split into three bf16 parts (hi, mid, lo: x's 24 significand bits, so that the products are
+// fp32's as on the CUDA cores), kept after the inputs as [head][part][k] with a zero fourth part. A
+// warp then takes an m-tile of 16 rows (with few m-tiles, half of its k-steps, the halves added in
+// s.acc): A the rows' e4m3 values as bf16 (exact), B of 8 columns the tile's x parts, its first
+// row's head in columns 0, 2, 4 and the head after it in 1, 3, 5 where the tile runs into it (a
+// page spans at most two heads: its rows are fewer than a head's), zero in 6, 7; each row takes its
+// own head's columns. A scale block's k-steps go into D, which is then scaled and added up per row.
 __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
   return t[F_OPCODE] == OP_HEAD_MATVEC && 2 * k8 > SHORT_ROW_GROUPS && (4 << scale_shift) % 16 == 0 &&
          (8 * k8) % 16 == 0;
