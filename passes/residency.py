@@ -34,7 +34,7 @@ from tilertc.passes.digits import digits_floats
 from tilertc.passes.program import Buffer, Program, ScheduleError
 from tilertc.passes.roles import compute_warps
 from tilertc.passes.sharding import exchange_ops
-from tilertc.passes.tiling import MATVEC, ROUTED, is_tiled, stream_row_bytes
+from tilertc.passes.tiling import MATVEC, ROUTED, is_fp8_rows, is_tiled, stream_row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
 # the tiled ops whose tasks normalize their input first (decode.cuh: normed; its third,
@@ -98,8 +98,7 @@ def _staged_floats(program: Program) -> int:
             chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
             # FP8 rows: after the merge, each head's x also as three bf16 parts and a zero one
             # (decode.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
-            fp8 = g.tensors[g.op(t.op).inputs[1]].dtype == "fp8_e4m3"
-            per_head = max(a["K"] + chunks, 3 * a["K"] if fp8 else 0)
+            per_head = max(a["K"] + chunks, 3 * a["K"] if is_fp8_rows(program, g.op(t.op)) else 0)
             need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
     for op in g.ops():
         a = op.attrs

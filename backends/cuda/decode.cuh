@@ -1732,6 +1732,12 @@ static_assert(FP8_BLOCK_COLS % 4 == 0 && ((FP8_BLOCK_COLS / 4) & (FP8_BLOCK_COLS
               "a lane's 4 columns must lie in one scale block, found by a shift");
 constexpr int log2_exact(int n) { return n > 1 ? 1 + log2_exact(n / 2) : 0; }
 
+// Two e4m3 values (the low byte first) as floats, through f16x2 in one instruction (exact: every
+// e4m3 value is an f16 value).
+__device__ __forceinline__ float2 e4m3x2_to_float2(uint32_t pair) {
+  return __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3)));
+}
+
 // An FP8 row of k columns: a group is 4 e4m3 weights (4 bytes) and the scale of their block.
 // The pairs convert to f16x2 in one instruction, exactly (every e4m3 value is an f16 value); the
 // block scale multiplies the 4-term sum, not each weight. A warp's lanes read at most two block scales.
@@ -1752,10 +1758,7 @@ struct Fp8Row {
   }
   __device__ __forceinline__ Group load(int i) const { return {w[i], scale[i >> scale_shift]}; }
   __device__ __forceinline__ static float dot(const Group g, const float4 a, float acc) {
-    const float2 w0 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(g.q & 0xffffu), __NV_E4M3)));
-    const float2 w1 = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(
-        static_cast<__nv_fp8x2_storage_t>(g.q >> 16), __NV_E4M3)));
+    const float2 w0 = e4m3x2_to_float2(g.q & 0xffffu), w1 = e4m3x2_to_float2(g.q >> 16);
     float d = w0.x * a.x;
     d = fmaf(w0.y, a.y, d);
     d = fmaf(w1.x, a.z, d);
@@ -2070,7 +2073,7 @@ __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale
          (8 * k8) % 16 == 0;
 }
 __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
-  const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3)));
+  const float2 f = e4m3x2_to_float2(v);
   const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&b);
 }
