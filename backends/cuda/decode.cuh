@@ -3144,17 +3144,39 @@ __device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bflo
 
 // The group's queries times the softmax scale, the A rows of the scores: q_latent (F_IN), then
 // q's rope part (F_AUX) rotated at pos (cs), as bf16 hi | lo; heads past MLA_HEADS and dims past
-// MLA_W (the last k-step's padding) are zero. q_latent four dims a thread at a time (one 16-byte
-// load, two 8-byte stores): a value at a time, a DeepSeek-V3.2 task's 9216 took ~3.8 µs.
+// MLA_W (the last k-step's padding) are zero. A thread loads all of its share first (q_latent
+// four dims a load), so that the loads are one round trip to L2, not one per item: item by item,
+// a DeepSeek-V3.2 task's staging took 2.5 us.
+constexpr int MLA_Q_LAT_ITEMS = (MLA_M * MLA_RANK / 4 + NT - 1) / NT;  // a thread's 4-dim pieces
+constexpr int MLA_Q_TAIL = 16 * MLA_KSTEPS - MLA_RANK;                 // a staged query's dims past its latent
+constexpr int MLA_Q_TAIL_ITEMS = (MLA_M * MLA_Q_TAIL + NT - 1) / NT;   // a thread's rope (or padding) dims
 __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage& m, int g, int ct) {
-  constexpr int row = 16 * MLA_KSTEPS, tail = row - MLA_RANK;  // a staged query; past its latent
   const float scale = __int_as_float(t[F_SCALE]);
   const float4* q_lat = reinterpret_cast<const float4*>(p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK);
   const float* q_pe = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
-  for (int i = ct; i < MLA_M * MLA_RANK / 4; i += NT) {
-    const int h = i / (MLA_RANK / 4), d = 4 * (i % (MLA_RANK / 4));
-    float4 v = h < MLA_HEADS ? __ldcg(q_lat + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-    v = make_float4(v.x * scale, v.y * scale, v.z * scale, v.w * scale);
+  float4 lat[MLA_Q_LAT_ITEMS];
+#pragma unroll
+  for (int j = 0; j < MLA_Q_LAT_ITEMS; ++j) {
+    const int i = ct + j * NT;
+    lat[j] = i < MLA_M * MLA_RANK / 4 && i / (MLA_RANK / 4) < MLA_HEADS ? __ldcg(q_lat + i)
+                                                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float2 pe[MLA_Q_TAIL_ITEMS];  // the dim's rope pair, unrotated (zero: padding or no head)
+#pragma unroll
+  for (int j = 0; j < MLA_Q_TAIL_ITEMS; ++j) {
+    const int i = ct + j * NT, h = i / MLA_Q_TAIL, r = i % MLA_Q_TAIL;
+    pe[j] = make_float2(0.f, 0.f);
+    if (i < MLA_M * MLA_Q_TAIL && h < MLA_HEADS && r < MLA_ROPE) {
+      const int2 at = rope_pair(MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2));
+      const float* x = q_pe + h * (MLA_NOPE + MLA_ROPE);
+      pe[j] = make_float2(__ldcg(x + at.x), __ldcg(x + at.y));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < MLA_Q_LAT_ITEMS; ++j) {
+    const int i = ct + j * NT, h = i / (MLA_RANK / 4), d = 4 * (i % (MLA_RANK / 4));
+    if (i >= MLA_M * MLA_RANK / 4) break;
+    const float4 v = make_float4(lat[j].x * scale, lat[j].y * scale, lat[j].z * scale, lat[j].w * scale);
     const __nv_bfloat162 hi[2] = {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
     const float2 h0 = __bfloat1622float2(hi[0]), h1 = __bfloat1622float2(hi[1]);
     const __nv_bfloat162 lo[2] = {__floats2bfloat162_rn(v.x - h0.x, v.y - h0.y),
@@ -3162,15 +3184,15 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
     *reinterpret_cast<uint2*>(m.q() + h * MLA_ROW + d) = *reinterpret_cast<const uint2*>(hi);
     *reinterpret_cast<uint2*>(m.q() + (MLA_M + h) * MLA_ROW + d) = *reinterpret_cast<const uint2*>(lo);
   }
-  for (int i = ct; i < MLA_M * tail; i += NT) {
-    const int h = i / tail, d = MLA_RANK + i % tail;
+#pragma unroll
+  for (int j = 0; j < MLA_Q_TAIL_ITEMS; ++j) {
+    const int i = ct + j * NT, h = i / MLA_Q_TAIL, d = MLA_RANK + i % MLA_Q_TAIL;
+    if (i >= MLA_M * MLA_Q_TAIL) break;
     float v = 0.f;
-    if (h < MLA_HEADS && d < MLA_W) {
+    if (d < MLA_W) {  // pe[j] is zero past MLA_HEADS
       const int r = d - MLA_RANK, pair = MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2);
-      const int2 at = rope_pair(pair);
-      const float* x = q_pe + h * (MLA_NOPE + MLA_ROPE);
-      const float2 rot = rope_rotate(__ldcg(x + at.x) * scale, __ldcg(x + at.y) * scale, m.cs(), pair);
-      v = r == at.x ? rot.x : rot.y;
+      const float2 rot = rope_rotate(pe[j].x * scale, pe[j].y * scale, m.cs(), pair);
+      v = r == rope_pair(pair).x ? rot.x : rot.y;
     }
     bf16_split(v, m.q() + h * MLA_ROW + d, m.q() + (MLA_M + h) * MLA_ROW + d);
   }
@@ -3327,23 +3349,29 @@ __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long
 }
 
 // A chunk's result (the layout the merge reads): per head its MLA_RANK sums (o: mla_values'
-// tiles), its max and its sum.
+// tiles), its max and its sum. Laid out in shared memory first (over the queries, which the
+// last block's scores were the last to read), then copied out 8 bytes a thread, a warp's stores
+// one run of 256 bytes: a tile's two sums a thread straight to global memory wrote rows of 514
+// floats in pieces that straddle sectors, and took 1.7-5.6 us a task (DeepSeek-V3.2, H200).
 __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[MLA_OT][4], int ct) {
   const int warp = ct >> 5, lane = ct & 31, g = lane >> 2;
+  float* staged = reinterpret_cast<float*>(m.q());
+  static_assert(MLA_PART <= MLA_ROWS_AT, "a chunk's result fits where the queries were staged");
+  compute_sync();  // an empty chunk ran no block, whose barriers order the queries' staging before this
 #pragma unroll
   for (int i = 0; i < MLA_OT; ++i) {
     const int n = (warp + i * COMPUTE_WARPS) * 8 + 2 * (lane & 3);
     if (n >= MLA_RANK) break;
     for (int r = 0; r < 2; ++r) {
       if (g + 8 * r >= MLA_HEADS) break;
-      __stcg(part + (g + 8 * r) * (MLA_RANK + 2) + n, o[i][2 * r]);
-      __stcg(part + (g + 8 * r) * (MLA_RANK + 2) + n + 1, o[i][2 * r + 1]);
+      *reinterpret_cast<float2*>(staged + (g + 8 * r) * (MLA_RANK + 2) + n) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
     }
   }
-  for (int h = ct; h < MLA_HEADS; h += NT) {
-    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK, m.st()[h]);
-    __stcg(part + h * (MLA_RANK + 2) + MLA_RANK + 1, m.st()[MLA_HEADS + h]);
-  }
+  for (int h = ct; h < MLA_HEADS; h += NT)
+    *reinterpret_cast<float2*>(staged + h * (MLA_RANK + 2) + MLA_RANK) = make_float2(m.st()[h], m.st()[MLA_HEADS + h]);
+  compute_sync();
+  for (int i = ct; i < MLA_PART / 2; i += NT)
+    __stcg(reinterpret_cast<float2*>(part) + i, reinterpret_cast<const float2*>(staged)[i]);
 }
 
 // One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
