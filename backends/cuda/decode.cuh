@@ -3145,8 +3145,9 @@ __device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bflo
 // The group's queries times the softmax scale, the A rows of the scores: q_latent (F_IN), then
 // q's rope part (F_AUX) rotated at pos (cs), as bf16 hi | lo; heads past MLA_HEADS and dims past
 // MLA_W (the last k-step's padding) are zero. A thread loads all of its share first (q_latent
-// four dims a load), so that the loads are one round trip to L2, not one per item: item by item,
-// a DeepSeek-V3.2 task's staging took 2.5 us.
+// four dims a load), then converts and stores it: item by item, a DeepSeek-V3.2 task's staging
+// took 2.50 us, now 2.32 (H200). Its time is not the loads' round trips: with the cos | sin
+// loaded beside them too it took 3.4 (docs/performance.md, session 36).
 constexpr int MLA_Q_LAT_ITEMS = (MLA_M * MLA_RANK / 4 + NT - 1) / NT;  // a thread's 4-dim pieces
 constexpr int MLA_Q_TAIL = 16 * MLA_KSTEPS - MLA_RANK;                 // a staged query's dims past its latent
 constexpr int MLA_Q_TAIL_ITEMS = (MLA_M * MLA_Q_TAIL + NT - 1) / NT;   // a thread's rope (or padding) dims
@@ -3351,24 +3352,26 @@ __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long
 // A chunk's result (the layout the merge reads): per head its MLA_RANK sums (o: mla_values'
 // tiles), its max and its sum. Laid out in shared memory first (over the queries, which the
 // last block's scores were the last to read), then copied out 8 bytes a thread, a warp's stores
-// one run of 256 bytes: a tile's two sums a thread straight to global memory wrote rows of 514
-// floats in pieces that straddle sectors, and took 1.7-5.6 us a task (DeepSeek-V3.2, H200).
+// one run of 256 bytes: each thread storing its tiles' sums to global memory, 4 bytes at a time
+// in rows 2056 bytes apart, took ~2.2 us a DeepSeek-V3.2 task, this ~1.2 (H200).
 __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[MLA_OT][4], int ct) {
   const int warp = ct >> 5, lane = ct & 31, g = lane >> 2;
   float* staged = reinterpret_cast<float*>(m.q());
   static_assert(MLA_PART <= MLA_ROWS_AT, "a chunk's result fits where the queries were staged");
-  compute_sync();  // an empty chunk ran no block, whose barriers order the queries' staging before this
+  compute_sync();  // an empty chunk ran no block, whose barriers order the queries' staging first
 #pragma unroll
   for (int i = 0; i < MLA_OT; ++i) {
     const int n = (warp + i * COMPUTE_WARPS) * 8 + 2 * (lane & 3);
     if (n >= MLA_RANK) break;
     for (int r = 0; r < 2; ++r) {
       if (g + 8 * r >= MLA_HEADS) break;
-      *reinterpret_cast<float2*>(staged + (g + 8 * r) * (MLA_RANK + 2) + n) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
+      *reinterpret_cast<float2*>(staged + (g + 8 * r) * (MLA_RANK + 2) + n) =
+          make_float2(o[i][2 * r], o[i][2 * r + 1]);
     }
   }
   for (int h = ct; h < MLA_HEADS; h += NT)
-    *reinterpret_cast<float2*>(staged + h * (MLA_RANK + 2) + MLA_RANK) = make_float2(m.st()[h], m.st()[MLA_HEADS + h]);
+    *reinterpret_cast<float2*>(staged + h * (MLA_RANK + 2) + MLA_RANK) =
+        make_float2(m.st()[h], m.st()[MLA_HEADS + h]);
   compute_sync();
   for (int i = ct; i < MLA_PART / 2; i += NT)
     __stcg(reinterpret_cast<float2*>(part) + i, reinterpret_cast<const float2*>(staged)[i]);
