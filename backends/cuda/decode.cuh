@@ -3063,11 +3063,15 @@ static_assert(MLA_HEADS <= MLA_M, "a task's heads are the rows of one mma tile")
 static_assert(MLA_KEYS == 32, "the softmax takes a block's keys a lane each");
 static_assert(MLA_STAGED <= MAX_K, "MLA attention's staging exceeds s.vec");
 
-// RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), and
-// the pair (a, b) rotated by the position's cos | sin `cs` (ir/rope.py: apply_rope). The DSA
-// indexer rotates as many dims with the same table, paired its own way.
+// RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), the
+// pair rotated dim d belongs to, and the pair (a, b) rotated by the position's cos | sin `cs`
+// (ir/rope.py: apply_rope). The DSA indexer rotates as many dims with the same table, paired its
+// own way.
 __device__ __forceinline__ int2 rope_pair(int i, bool interleaved = MLA_ROPE_INTERLEAVED) {
   return interleaved ? make_int2(2 * i, 2 * i + 1) : make_int2(i, i + MLA_ROPE / 2);
+}
+__device__ __forceinline__ int rope_pair_of(int d, bool interleaved = MLA_ROPE_INTERLEAVED) {
+  return interleaved ? d / 2 : d % (MLA_ROPE / 2);
 }
 __device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs, int i) {
   const float c = cs[i], sn = cs[MLA_ROPE / 2 + i];
@@ -3168,7 +3172,7 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
     const int i = ct + j * NT, h = i / MLA_Q_TAIL, r = i % MLA_Q_TAIL;
     pe[j] = make_float2(0.f, 0.f);
     if (i < MLA_M * MLA_Q_TAIL && h < MLA_HEADS && r < MLA_ROPE) {
-      const int2 at = rope_pair(MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2));
+      const int2 at = rope_pair(rope_pair_of(r));
       const float* x = q_pe + h * (MLA_NOPE + MLA_ROPE);
       pe[j] = make_float2(__ldcg(x + at.x), __ldcg(x + at.y));
     }
@@ -3191,7 +3195,7 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
     if (i >= MLA_M * MLA_Q_TAIL) break;
     float v = 0.f;
     if (d < MLA_W) {  // pe[j] is zero past MLA_HEADS
-      const int r = d - MLA_RANK, pair = MLA_ROPE_INTERLEAVED ? r / 2 : r % (MLA_ROPE / 2);
+      const int r = d - MLA_RANK, pair = rope_pair_of(r);
       const float2 rot = rope_rotate(pe[j].x * scale, pe[j].y * scale, m.cs(), pair);
       v = r == rope_pair(pair).x ? rot.x : rot.y;
     }
@@ -3478,7 +3482,7 @@ __device__ void dsa_append_key(const Params& p, const int* t, const DsaStage& m,
   for (int d = lane; d < 16 * DSA_KSTEPS; d += 32) {
     float v = d < DSA_DIM ? m.norm()[d] : 0.f;
     if (d < MLA_ROPE) {
-      const int pair = DSA_ROPE_INTERLEAVED ? d / 2 : d % (MLA_ROPE / 2);
+      const int pair = rope_pair_of(d, DSA_ROPE_INTERLEAVED);
       const int2 at = rope_pair(pair, DSA_ROPE_INTERLEAVED);
       const float2 r = rope_rotate(m.norm()[at.x], m.norm()[at.y], cs, pair);
       v = d == at.x ? r.x : r.y;
@@ -3508,7 +3512,7 @@ __device__ void dsa_stage_queries(const Params& p, const int* t, const DsaStage&
       float r[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const int d = d0 + j, pair = DSA_ROPE_INTERLEAVED ? d / 2 : d % (MLA_ROPE / 2);
+        const int d = d0 + j, pair = rope_pair_of(d, DSA_ROPE_INTERLEAVED);
         const int2 at = rope_pair(pair, DSA_ROPE_INTERLEAVED);
         // this dim and its partner, in (x, y) order of the pair
         const float self = a[j], other = DSA_ROPE_INTERLEAVED ? a[j ^ 1] : b[j];
