@@ -63,6 +63,11 @@ from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
 MAX_ATTENTION_CHUNKS = 32
 MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
+# The q absorption's first task also runs MLA's latent prologue and appends the row (decode.cuh:
+# mla_append_latent), which took ~2.4 us beyond the op's median task on the H200 (the last task
+# of the op in every profiled step, DeepSeek-V3.2 and GLM-5, session 37), about a ring page of
+# its short rows (2.7 us): it takes half a share of the rows, the others the rest.
+LATENT_APPEND_SHARE = 0.5
 DENSE_PROJECTIONS = ("norm_matvec", "matvec_add")
 MATVEC = (*DENSE_PROJECTIONS, "head_matvec")
 SPLIT_K_COLS = 8  # a split-K FFN slice is whole 16-byte pieces of bf16 down rows
@@ -211,8 +216,12 @@ def _segments(program: Program, op, r0: int, r1: int) -> list[WeightSegment]:
     return segs
 
 
-def _bounds(rows: int, n: int) -> list[int]:
-    return [rows * i // n for i in range(n + 1)]
+def _bounds(rows: int, n: int, first: float = 1.0) -> list[int]:
+    """Bounds of n tasks over `rows`: even, except that the first takes `first` of a share."""
+    if n == 1 or first == 1.0:
+        return [rows * i // n for i in range(n + 1)]
+    head = max(1, round(rows / n * first))
+    return [0] + [head + (rows - head) * i // (n - 1) for i in range(n)]
 
 
 def _tile_rows(program: Program, op) -> None:
@@ -228,7 +237,9 @@ def _tile_rows(program: Program, op) -> None:
         theirs = other.attrs["rows"] * row_bytes(program, other)
         sms = -(-sms * rows * rb // (rows * rb + theirs))  # its tasks no larger than the partner's
     n = min(rows // quantum, sms)
-    bounds = [quantum * b for b in _bounds(rows // quantum, n)]
+    appends = "kv_a" in op.attrs.get("io", {})  # its first task appends MLA's latent row
+    share = LATENT_APPEND_SHARE if appends else 1.0
+    bounds = [quantum * b for b in _bounds(rows // quantum, n, share)]
     for i in range(n):
         r0, r1 = bounds[i], bounds[i + 1]
         program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
@@ -240,6 +251,8 @@ def _tile_rows(program: Program, op) -> None:
         op.attrs["tile"]["beside"] = partner
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{min(sizes)}-{max(sizes)} rows" + (
+                       ", the first (which also appends the latent row) a smaller share"
+                       if bounds[1] < max(sizes) else "") + (
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
                        f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
@@ -250,8 +263,12 @@ def sms_beside(program: Program, op) -> tuple[int, list[str]]:
     """The SMs a matrix-vector op is tiled over, and the ops it leaves SMs to: those earlier
     in program order that run after its last producer too and that it does not wait for,
     when their tasks leave it at least half the SMs (the DSA indexer's scores and top-k beside
-    MLA's q absorption: 33 tasks, so the absorption takes 99 SMs and both run at once); else
-    every SM, the op then queueing behind them where they share an SM."""
+    MLA's q absorption: 33 tasks, so the absorption takes 99 SMs and both run at once; the MoE
+    top-k beside the shared expert's gate/up, which takes the other 131); else every SM, the
+    op then queueing behind them where they share an SM. With every SM taken by it, the
+    shared expert had put two tasks on one SM (the cost model charges a task its bytes, here
+    a third of its measured time), whose routed gate/up then started ~7 us late: GLM-5's MoE
+    layer waited for that SM (session 37)."""
     g, sms = program.graph, program.target.num_sms
     names, order = _program_order(program)
     producers = [p for p in g.nx.predecessors(op.name) if p != op.name]
@@ -261,8 +278,11 @@ def sms_beside(program: Program, op) -> tuple[int, list[str]]:
     # every path from the start to the op runs between the two in program order
     window = g.nx.subgraph(names[order[start]:order[op.name] + 1])
     partners = {b for b in window if g.op(b).attrs.get("tile", {}).get("beside") == op.name}
-    beside = sorted((nx.descendants(window, start) | partners) - nx.ancestors(window, op.name)
-                    - {op.name}, key=order.__getitem__)
+    # (an op with a task on every SM runs ahead of it there, not beside it: the MoE router
+    # before the shared expert's gate/up, which then leaves one SM to the router's top-k)
+    beside = sorted((b for b in (nx.descendants(window, start) | partners)
+                     - nx.ancestors(window, op.name) - {op.name}
+                     if g.op(b).attrs["tile"]["tasks"] < sms), key=order.__getitem__)
     left = sms - sum(g.op(b).attrs["tile"]["tasks"] for b in beside)
     return (left, beside) if beside and 2 * left >= sms else (sms, [])
 

@@ -263,8 +263,9 @@ STEPS = [
      small("h200-5", 5), 100, {"heads_per_task": 3, "key_blocks": 1, "empty_chunks": False,
                                "groups": 1}),
     # v expansion rows past short rows, on the tensor cores (decode.cuh: head_rows_mma): one row a
-    # task, its k-steps split in two; then 73-row tasks of 6 heads, the last scale block partial
-    ("fp8", {"kv_lora_rank": 512}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1,
+    # task, its k-steps split in two (the q absorption's tasks straddle two heads, its first
+    # taking half a share); then 73-row tasks of 6 heads, the last scale block partial
+    ("fp8", {"kv_lora_rank": 512}, "h200", 20, {"heads_per_task": 2, "key_blocks": 1,
                                                 "empty_chunks": True, "groups": 1}),
     ("fp8", {**WIDE, "kv_lora_rank": 320}, small("h200-7", 7), 200,
      {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}),

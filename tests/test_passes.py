@@ -377,6 +377,32 @@ def test_the_dsa_indexer_runs_beside_the_q_absorption() -> None:
         99, ["layers.0.dsa.score", "layers.0.dsa.topk"])
 
 
+def test_the_latent_append_task_takes_half_a_share_of_the_q_absorption() -> None:
+    """The q absorption's first task also appends the latent row (~2.4 us on the H200, the
+    op's last task in every profiled step): it takes half the rows of the others."""
+    _, after = until("deepseek-v3.2", tile, num_hidden_layers=1, first_k_dense_replace=1)
+    rows = [t.rows[1] - t.rows[0] for t in after.tasks_of("layers.0.q_absorb")]
+    assert len(rows) == 99 and sum(rows) == 128 * 512
+    assert rows[0] == 331 and set(rows[1:]) == {665, 666}
+    assert any("the first (which also appends the latent row) a smaller share" in d
+               for d in after.decisions)
+    # an op without the append keeps even shares: v_expand, 16384 rows over 132 SMs
+    assert {t.rows[1] - t.rows[0] for t in after.tasks_of("layers.0.v_expand")} == {124, 125}
+
+
+def test_the_moe_top_k_runs_beside_the_shared_expert() -> None:
+    """The router takes every SM, then the top-k one of them; the shared expert's gate/up
+    leaves that SM to the top-k (131 tasks) instead of doubling up on another SM, whose
+    routed gate/up then started ~7 us late (GLM-5, session 37)."""
+    before, after = until("glm-5", schedule_pass, num_hidden_layers=1, first_k_dense_replace=0)
+    shared = "layers.0.ffn.shared_experts.gate_up_proj"
+    assert sms_beside(before, before.graph.op(shared)) == (131, ["layers.0.moe.topk"])
+    tasks = after.tasks_of(shared)
+    topk_sm = after.tasks_of("layers.0.moe.topk")[0].sm
+    assert len(tasks) == 131 and len({t.sm for t in tasks}) == 131
+    assert topk_sm not in {t.sm for t in tasks}
+
+
 def test_the_indexer_head_weights_share_the_sms_with_q_b_by_bytes() -> None:
     """The indexer's bf16 head weights (64 rows, 918 KB) start with the FP8 input projection,
     which takes every SM, and only the index scores read them, which wait for q_b_proj too.
