@@ -14,6 +14,7 @@ A task's op is the op whose counter it signals (`signal` in the task table; the 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +97,11 @@ class OpTime:
     # the slowest tasks (SMs that drew less bandwidth, or started later) hold up what waits for
     # all of the op; what dealing the work out unevenly could win back
     tail_ns: float = 0.0
+    # the op's task (its index among a layer's tasks of the op) done last in the most (step,
+    # layer) pairs, and the share of them: near 100 % a matter of tiling or placement (a task
+    # larger than the others, or behind another on its SM), not of the SMs' bandwidth
+    usually_last: int = 0
+    usually_last_share: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,7 @@ def op_table(profile: StepProfile, skip_first: bool = True,
     tail = {op: float((last[op] - np.median(stamps[:, idx, DONE], axis=1)).mean())
             for op, idx in tasks_of.items()}
     begin = {op: float(first[op].mean()) for op in tasks_of}
+    last_task = {op: stamps[:, idx, DONE].argmax(1) for op, idx in tasks_of.items()}
     gap_ns = float(np.mean([uncovered_ns(0.0, ends[s],
                                          [(first[op][s], last[op][s]) for op in tasks_of])
                             for s in range(len(steps))]))
@@ -156,30 +163,36 @@ def op_table(profile: StepProfile, skip_first: bool = True,
         mine = stamps[:, idx]
         total = sum(span[op] for op in members)
         known = bytes_per_s and all(op in profile.op_bytes for op in members)
+        lasts = Counter(int(i) for op in members for i in last_task[op])
+        (usual, times), = lasts.most_common(1)
         rows.append(OpTime(name, len(members), len(idx), total,
                            float((mine[..., DONE] - mine[..., DEPS_MET]).mean()),
                            float((mine[..., DEPS_MET] - mine[..., START]).mean()),
                            total / step_ns,
                            sum(profile.op_bytes[op] for op in members) / bytes_per_s * 1e9
-                           if known else None, sum(tail[op] for op in members)))
+                           if known else None, sum(tail[op] for op in members), usual,
+                           times / lasts.total()))
     return OpTable(rows, step_ns, gap_ns, steps)
 
 
 def print_op_table(table: OpTable, console: Console) -> None:
     """The table as the terminal shows it; op spans overlap (pipelining) and leave gaps, so the
     shares need not add up to 100 %. `floor µs`: the op's bytes at the measured ceiling (blank
-    where unknown); `tail µs`: its last task done after its median task (`OpTime.tail_ns`)."""
+    where unknown); `tail µs`: its last task done after its median task (`OpTime.tail_ns`);
+    `last task`: the task usually done last, and in what share of the steps and layers."""
     out = Table(title=f"one decode step: {table.step_ns / 1e3:.1f} µs, of which "
                       f"{table.gap_ns / 1e3:.1f} µs inside no op's span (mean of steps "
                       f"{', '.join(map(str, table.steps))}; kernel globaltimer stamps)",
                 title_justify="left")
-    for name in ("op", "×", "tasks", "span µs", "floor µs", "tail µs", "mean task µs",
-                 "mean wait µs", "share %"):
+    for name in ("op", "×", "tasks", "span µs", "floor µs", "tail µs", "last task",
+                 "mean task µs", "mean wait µs", "share %"):
         out.add_column(name, justify="left" if name == "op" else "right")
     for r in table.rows:
         out.add_row(r.op, str(r.ops_folded), str(r.tasks), f"{r.span_ns / 1e3:.1f}",
                     "" if r.floor_ns is None else f"{r.floor_ns / 1e3:.1f}",
-                    f"{r.tail_ns / 1e3:.1f}", f"{r.mean_task_ns / 1e3:.2f}",
+                    f"{r.tail_ns / 1e3:.1f}",
+                    f"{r.usually_last} ({r.usually_last_share:.0%})" if r.tasks > r.ops_folded
+                    else "", f"{r.mean_task_ns / 1e3:.2f}",
                     f"{r.mean_wait_ns / 1e3:.2f}", f"{100 * r.share:.1f}")
     console.print(out)
 

@@ -391,6 +391,9 @@ def test_op_table_folds_layers_and_measures_from_the_stamps() -> None:
     # tail: last done after the median done (two tasks: their mean), per layer, summed
     assert mlp.tail_ns == pytest.approx((3000 - 2750) + (5000 - 4750))
     assert rows["embed"].tail_ns == 0.0
+    # the task done last: layer 0's first (CTA 0, at 3000), layer 1's second (CTA 1, at 5000)
+    assert (mlp.usually_last, mlp.usually_last_share) == (0, 0.5)
+    assert (rows["embed"].usually_last, rows["embed"].usually_last_share) == (0, 1.0)
     # Spans: embed [0, 1000], layer 0 [1500, 3000], layer 1 [3000, 5000], lm_head [6000, 7000].
     assert table.gap_ns == pytest.approx(500 + 1000)
     assert table.to_dict()["ops"][1]["op"] == "mlp"
@@ -409,7 +412,7 @@ def test_op_table_floors_are_the_ops_bytes_at_the_ceiling() -> None:
     console = Console(record=True, width=160)
     print_op_table(op_table(prof, bytes_per_s=1e9), console)
     text = console.export_text()
-    assert "floor µs" in text and "tail µs" in text
+    assert "floor µs" in text and "tail µs" in text and "last task" in text and "0 (50%)" in text
 
 
 def test_op_bytes_sum_the_cost_models_task_bytes() -> None:

@@ -12,7 +12,7 @@ import pytest
 from tilertc.profile import StepProfile
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-from layer_path import layer_path, usual_last  # noqa: E402
+from layer_path import layer_path  # noqa: E402
 
 
 def test_the_path_from_known_stamps() -> None:
@@ -35,17 +35,3 @@ def test_the_path_from_known_stamps() -> None:
     assert (attention.first_start, attention.first_met) == pytest.approx((0.5, 7.0))
     assert (attention.last_done, attention.mean_task) == pytest.approx((8.0, 1.0))
 
-
-def test_the_task_usually_last() -> None:
-    """Two steps of one layer: qkv's second task is done last in both, attention's one task
-    trivially; a task last in one step of two is named with half the share."""
-    ops = ["layers.0.qkv", "layers.0.qkv", "layers.0.qkv", "layers.0.attention"]
-    step0 = [[0, 100, 500], [0, 100, 900], [0, 100, 800], [0, 950, 1200]]
-    step1 = [[0, 100, 950], [0, 100, 990], [0, 100, 700], [0, 995, 1300]]
-    stamps = np.array([step0, step1], dtype=np.uint64)
-    last = usual_last(StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64)))
-    assert last == {"qkv": (1, 1.0), "attention": (0, 1.0)}
-    step1[0][2] = 999  # now the first task is last in step 1
-    stamps = np.array([step0, step1], dtype=np.uint64)
-    assert usual_last(StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64)))["qkv"] == (
-        1, 0.5)

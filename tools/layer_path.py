@@ -12,9 +12,9 @@ another: how long an op waits for the last task of the one before, and how much 
 weights the loaders fetched before it could start (first start well before first met).
 docs/performance.md, session 30, measured Qwen3-32B's attention this way. The last column
 names the op's task that was done last in the most (step, layer) pairs, and in what share of
-them: a task last in nearly all is a matter of placement or tiling (session 37 found the q
-absorption's appending task and a shared-expert SM with two tasks that way), one that changes
-from step to step the SMs' bandwidth.
+them (`tilertc bench --profile`'s `last task`): a task last in nearly all is a matter of
+placement or tiling (session 37 found the q absorption's appending task and a shared-expert SM
+with two tasks that way), one that changes from step to step the SMs' bandwidth.
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from stream_probe import STEPS, add_run_options, profile_at, random_engine
 
-from tilertc.profile import DEPS_MET, DONE, START, StepProfile
+from tilertc.profile import DEPS_MET, DONE, START, StepProfile, op_table
 
 LAYER_OP = re.compile(r"^layers\.(\d+)\.(.+)$")
 
@@ -47,34 +46,15 @@ class OpOnPath:
     mean_task: float  # dependencies met to done
 
 
-def layer_ops(profile: StepProfile) -> dict[int, dict[str, list[int]]]:
-    """Per layer, per op (folded name), its tasks in task order."""
+def layer_path(profile: StepProfile, step: int) -> list[OpOnPath]:
+    """The ops of a layer in the order they run in one, each the mean over the layers of
+    `step`; a layer's time 0 is the first start of any of its tasks."""
+    stamps = profile.since_start(step)
     layers: dict[int, dict[str, list[int]]] = {}
     for task, name in enumerate(profile.ops):
         m = LAYER_OP.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(task)
-    return layers
-
-
-def usual_last(profile: StepProfile) -> dict[str, tuple[int, float]]:
-    """Per op (folded), the index of its task (within a layer's op) that was done last in
-    the most (step, layer) pairs over the profiled steps, and the share of pairs it was."""
-    counts: dict[str, Counter[int]] = {}
-    for step in profile.steps():
-        done = profile.stamps[step, :, DONE]
-        for ops in layer_ops(profile).values():
-            for op, tasks in ops.items():
-                counts.setdefault(op, Counter())[int(np.argmax(done[tasks]))] += 1
-    return {op: (c.most_common(1)[0][0], c.most_common(1)[0][1] / c.total())
-            for op, c in counts.items()}
-
-
-def layer_path(profile: StepProfile, step: int) -> list[OpOnPath]:
-    """The ops of a layer in the order they run in one, each the mean over the layers of
-    `step`; a layer's time 0 is the first start of any of its tasks."""
-    stamps = profile.since_start(step)
-    layers = layer_ops(profile)
     rows: dict[str, list[list[float]]] = {}
     for ops in layers.values():
         t0 = min(stamps[tasks, START].min() for tasks in ops.values())
@@ -94,12 +74,11 @@ def run(artifact: Path, step: int, context: int) -> None:
           "task start, mean over the layers")
     print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"
           f" {'last done':>9s} {'task':>6s}  usually last")
-    last = usual_last(profile)
+    last = {r.op: r for r in op_table(profile).rows}
     for r in layer_path(profile, step):
-        index, share = last[r.op]
         print(f"  {r.op:24s} {r.first_start:9.2f} {r.first_met:8.2f} {r.median_met:8.2f}"
-              f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f}  task {index}"
-              f" ({share:.0%})")
+              f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f}  task"
+              f" {last[r.op].usually_last} ({last[r.op].usually_last_share:.0%})")
 
 
 def main(argv: list[str]) -> int:
