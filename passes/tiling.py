@@ -252,7 +252,7 @@ def _tile_rows(program: Program, op) -> None:
     program.decide("tiling", f"{op.name}: {rows} rows x {rb} B -> {n} tasks of "
                    f"{min(sizes)}-{max(sizes)} rows" + (
                        ", the first (which also appends the latent row) a smaller share"
-                       if bounds[1] < max(sizes) else "") + (
+                       if appends and bounds[1] < max(sizes) else "") + (
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
                        f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (

@@ -34,4 +34,3 @@ def test_the_path_from_known_stamps() -> None:
     assert (qkv.median_done, qkv.last_done, qkv.mean_task) == pytest.approx((4.5, 5.0, 3.0))
     assert (attention.first_start, attention.first_met) == pytest.approx((0.5, 7.0))
     assert (attention.last_done, attention.mean_task) == pytest.approx((8.0, 1.0))
-

@@ -384,8 +384,8 @@ def test_the_latent_append_task_takes_half_a_share_of_the_q_absorption() -> None
     rows = [t.rows[1] - t.rows[0] for t in after.tasks_of("layers.0.q_absorb")]
     assert len(rows) == 99 and sum(rows) == 128 * 512
     assert rows[0] == 331 and set(rows[1:]) == {665, 666}
-    assert any("the first (which also appends the latent row) a smaller share" in d
-               for d in after.decisions)
+    said = [d for d in after.decisions if "appends the latent row" in d]
+    assert len(said) == 1 and "layers.0.q_absorb" in said[0]  # no other op's decision says so
     # an op without the append keeps even shares: v_expand, 16384 rows over 132 SMs
     assert {t.rows[1] - t.rows[0] for t in after.tasks_of("layers.0.v_expand")} == {124, 125}
 
