@@ -108,7 +108,8 @@ WEIGHT_DTYPE = click.option(
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="A schedule knob instead of the passes' choice (repeatable): compute_warps, "
                    "page_kb, page_groups, attn_chunks (attention's context chunks per KV or "
-                   "head group, at most), ffn_split_k=1 (each dense MLP as one split-K op), or "
+                   "head group, at most), router_tasks (the MoE router's tasks), ffn_split_k=1 "
+                   "(each dense MLP as one split-K op), or "
                    "fp8_mma=0 or 1 (FP8 projections as rows on the CUDA cores or as tiles on the "
                    "tensor cores; by default whichever the cost model predicts faster), or "
                    "ready_digits=0 (each FP8 tile task converts its input to "
@@ -307,7 +308,8 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
               "table and timeline.png.")
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="Compile with a schedule knob set (compute_warps, page_kb, page_groups, "
-                   "attn_chunks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1) instead of the "
+                   "attn_chunks, router_tasks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1) "
+                   "instead of the "
                    "passes' choice (repeatable).")
 @click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",
               help="Compile and time one kernel per backend, e.g. cuda,tilelang; the first is "

@@ -44,6 +44,7 @@ class CompileOptions:
     page_kb: int | None = None  # None: the residency pass decides
     page_groups: int | None = None  # None: the roles pass decides
     attn_chunks: int | None = None  # None: the tiling pass decides (attention's chunks per group)
+    router_tasks: int | None = None  # None: the tiling pass decides (the MoE router's tasks)
     # Projection weights: "fp8" (e4m3, 128x128 block scales) or "bf16"; None: the model
     # config's own format (bf16 unless it has an FP8 quantization_config).
     weight_dtype: str | None = None
@@ -69,8 +70,8 @@ class CompileOptions:
 
 # CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
 # among them are on or off
-TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "ffn_split_k", "fp8_mma",
-                "ready_digits")
+TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "router_tasks",
+                "ffn_split_k", "fp8_mma", "ready_digits")
 TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits")
 
 

@@ -9,7 +9,10 @@ An op that starts with earlier ops it does not wait for takes only the SMs they 
 that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
 that both run at once. A small op whose result is not wanted before a larger one's that starts
 with it shares the SMs with that one by bytes (`beside_partner`: the indexer's bf16 head
-weights on 3 SMs, q_b_proj on the other 129).
+weights on 3 SMs, q_b_proj on the other 129). The MoE router's logits take tasks of
+`ROUTER_ROWS` rows where the shared expert's gate/up starts with them (`router_sms`), so that
+it runs beside them on the other SMs and the top-k, which the routed experts' loads wait for,
+comes sooner.
 Unless the `fp8_mma` knob is 0, a dense FP8 projection whose shape fits is cut in whole tiles
 of 8 rows (16 where K is not a multiple of 1024; the tensor cores' operand: `_fp8_tiles_fit`,
 `ir/fp8.py: pack_tiles`) and its weights marked `tiled`; so are the routed experts' (a gate/up
@@ -68,6 +71,12 @@ MLA_HEADS_PER_TASK = 16
 # of the op in every profiled step, DeepSeek-V3.2 and GLM-5, session 37), about a ring page of
 # its short rows (2.7 us): it takes half a share of the rows, the others the rest.
 LATENT_APPEND_SHARE = 0.5
+# The MoE router's rows a task, where the shared expert's gate/up runs beside it (`router_sms`):
+# DeepSeek-V3.2's and GLM-5's 256 experts on 32 SMs. One-layer FP8 models on the H200, µs from
+# o_proj's end to the MoE down's: 132 router tasks 128.1 (DeepSeek-V3.2) and 114.8 (GLM-5), 32
+# tasks 123.7 and 110.3; 16 tasks 130.1 (DeepSeek-V3.2, before the two-stage top-k); bench
+# ms/token GLM-5 0.303 / 0.304 / 0.292 with 132 / 64 / 32 (docs/performance.md, session 38).
+ROUTER_ROWS = 8
 DENSE_PROJECTIONS = ("norm_matvec", "matvec_add")
 MATVEC = (*DENSE_PROJECTIONS, "head_matvec")
 SPLIT_K_COLS = 8  # a split-K FFN slice is whole 16-byte pieces of bf16 down rows
@@ -231,6 +240,9 @@ def _tile_rows(program: Program, op) -> None:
     rows, rb = op.attrs["rows"], row_bytes(program, op)
     quantum = tile_rows(op.attrs["K"]) if tiled else 1
     sms, beside = sms_beside(program, op)
+    router = is_router(program, op) and router_sms(program, op, sms) < sms
+    if router:
+        sms = router_sms(program, op, sms)
     partner = beside_partner(program, op)
     if partner is not None:  # the SMs the two share, in proportion to their bytes
         other = program.graph.op(partner)
@@ -256,7 +268,8 @@ def _tile_rows(program: Program, op) -> None:
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
                        f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
-                       f", beside {partner} (by bytes)" if partner else ""))
+                       f", beside {partner} (by bytes)" if partner else "") + (
+                       f", on {n} SMs: the ops that start with it run beside it" if router else ""))
 
 
 def sms_beside(program: Program, op) -> tuple[int, list[str]]:
@@ -285,6 +298,31 @@ def sms_beside(program: Program, op) -> tuple[int, list[str]]:
                      if g.op(b).attrs["tile"]["tasks"] < sms), key=order.__getitem__)
     left = sms - sum(g.op(b).attrs["tile"]["tasks"] for b in beside)
     return (left, beside) if beside and 2 * left >= sms else (sms, [])
+
+
+def is_router(program: Program, op) -> bool:
+    """Whether matrix-vector op `op` computes the MoE router's logits (a top-k reads them)."""
+    return any(c.opcode == "moe_topk" for c in program.graph.consumers(op.name))
+
+
+def router_sms(program: Program, router, sms: int) -> int:
+    """The SMs the MoE router's logits take: the `router_tasks` knob's count; else, where the
+    shared expert's gate/up starts with it (the same producers, neither waiting for the
+    other), tasks of ROUTER_ROWS rows, so that the shared expert runs beside it on the other
+    SMs (`sms_beside`) instead of after it on every SM, and the top-k, and with it the routed
+    experts' loads, comes sooner; else every SM."""
+    asked = program.config["tuning"].get("router_tasks")
+    if asked is not None:
+        if asked < 1:
+            raise ScheduleError(f"router_tasks={asked}: the MoE router needs at least one task")
+        return min(sms, asked)
+    g = program.graph
+    producers = set(g.nx.predecessors(router.name))
+    shared = [o for o in g.ops() if o.name != router.name and o.opcode in MATVEC
+              and set(g.nx.predecessors(o.name)) == producers
+              and not nx.has_path(g.nx, router.name, o.name)
+              and not nx.has_path(g.nx, o.name, router.name)]
+    return min(sms, -(-router.attrs["rows"] // ROUTER_ROWS)) if shared else sms
 
 
 def beside_partner(program: Program, op) -> str | None:

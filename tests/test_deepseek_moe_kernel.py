@@ -22,7 +22,15 @@ import pytest
 import torch
 from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, random_host_step, small
-from test_moe_kernel import TOOL, assert_routes_match, columns, routed_tiling, router_constants
+from test_moe_kernel import (
+    ROUTER_WARPS,
+    TOOL,
+    assert_routes_match,
+    columns,
+    concentrated,
+    routed_tiling,
+    router_constants,
+)
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
 import tilertc
@@ -102,21 +110,27 @@ def test_shared_expert_rows_are_packed_where_the_down_tasks_read_them() -> None:
 # -- the router, run on the host ---------------------------------------------------------------
 
 # (experts, top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor): deepseek-v3-tiny,
-# DeepSeek-V3, GLM-5 (one group), and groups of 12 whose last lane holds no expert, unnormalized
+# DeepSeek-V3, GLM-5 (one group), groups of 12 (the router pads each to 16 slots), unnormalized,
+# and groups of 40 (padded to 64 slots: two warps' worth, the second mostly empty)
 ROUTERS = [(8, 2, 4, 2, True, 2.5), (256, 8, 8, 4, True, 2.5), (256, 8, 1, 1, True, 2.5),
-           (96, 6, 8, 3, False, 1.0)]
+           (96, 6, 8, 3, False, 1.0), (160, 6, 4, 2, True, 1.0)]
 
 
 def router_cases(experts: int, k: int, groups: int, gen: torch.Generator
                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(logits, bias) pairs: random; exact ties of the selection values at the k-th place
     (equal logits and biases); near-ties there (equal logits, biases 2^-20 apart, ~16 float32
-    steps of the selection values); two groups alike, so that their group scores tie exactly
-    where groups are chosen; all equal; one NaN logit."""
+    steps of the selection values); a few values of each (equal selection values within and
+    across the router's chunks of 32 experts, and tied groups); the k best all in the last
+    chunk; two groups alike, so that their group scores tie exactly where groups are chosen;
+    all equal; one NaN logit."""
     def rand() -> tuple[torch.Tensor, torch.Tensor]:
         return torch.randn(experts, generator=gen) * 2, torch.rand(experts, generator=gen) * 0.1
 
     cases = [rand() for _ in range(30)]
+    cases += [(torch.randint(-1, 2, (experts,), generator=gen).float(),
+               torch.randint(0, 2, (experts,), generator=gen) * 0.0625) for _ in range(10)]
+    cases += [(concentrated(x, k), b) for x, b in (rand() for _ in range(5))]
     for near in (0.0, 2.0 ** -20):
         for _ in range(10):
             x, b = rand()
@@ -140,13 +154,15 @@ def router_cases(experts: int, k: int, groups: int, gen: torch.Generator
     return cases
 
 
+@pytest.mark.parametrize("warps", ROUTER_WARPS)
 @pytest.mark.parametrize("experts, k, groups, topk_group, norm, scaling", ROUTERS)
 def test_kernel_deepseek_router_is_the_interpreters(tmp_path: Path, experts: int, k: int,
                                                     groups: int, topk_group: int, norm: bool,
-                                                    scaling: float) -> None:
+                                                    scaling: float, warps: int) -> None:
     """Expert ids exactly (best first; equal values: the lower expert first; groups with equal
-    scores: the lower group first) and combine weights to float32 rounding."""
-    exe = build_host_kernel(tmp_path, 256, 4, 2, router_constants(
+    scores: the lower group first) and combine weights to float32 rounding, on 2 and 16 compute
+    warps."""
+    exe = build_host_kernel(tmp_path, 256, 4, warps, router_constants(
         experts, k, norm, scaling, deepseek=True, groups=groups, topk_group=topk_group))
     cases = router_cases(experts, k, groups, torch.Generator().manual_seed(experts + groups))
     attrs = {"scoring": "sigmoid", "n_group": groups, "topk_group": topk_group, "top_k": k,
@@ -159,6 +175,27 @@ def test_kernel_deepseek_router_is_the_interpreters(tmp_path: Path, experts: int
         ids, w = route(x[None].float(), b.float(), attrs)
         assert out[:k] == ids[0].tolist(), f"logits {x.tolist()}, bias {b.tolist()}"
         assert np.allclose(got_w, w[0].numpy(), rtol=1e-5, atol=1e-7, equal_nan=True)
+
+
+@pytest.mark.parametrize("warps", ROUTER_WARPS)
+@pytest.mark.parametrize("experts, k, groups, topk_group", [(160, 6, 8, 3), (256, 8, 4, 2)])
+def test_kernel_softmax_router_with_groups_is_the_interpreters(
+        tmp_path: Path, experts: int, k: int, groups: int, topk_group: int, warps: int) -> None:
+    """Softmax scores under a group limit and no bias (DeepSeek-V2's kind of router; groups of
+    20, and of 64 over two warps): the warps' softmax sums and the groups' two best values share
+    the router's scratch."""
+    exe = build_host_kernel(tmp_path, 256, 4, warps, router_constants(
+        experts, k, True, 1.0, groups=groups, topk_group=topk_group))
+    cases = [x for x, _ in router_cases(experts, k, groups, torch.Generator().manual_seed(experts))]
+    attrs = {"scoring": "softmax", "n_group": groups, "topk_group": topk_group, "top_k": k,
+             "norm_topk_prob": True, "routed_scaling_factor": 1.0}
+    lines = run_host_kernel(exe, [f"route {bits(x.numpy())}" for x in cases])
+    for x, line in zip(cases, lines, strict=True):
+        out = [int(v) for v in line.split()]
+        ids, w = route(x[None].float(), None, attrs)
+        assert out[:k] == ids[0].tolist(), f"logits {x.tolist()}"
+        assert np.allclose(np.array(out[k:], dtype=np.uint32).view(np.float32), w[0].numpy(),
+                           rtol=1e-5, atol=1e-7, equal_nan=True)
 
 
 def test_group_limits_change_the_choice() -> None:

@@ -178,19 +178,34 @@ def router_constants(experts: int, k: int, norm: bool, scaling: float, deepseek:
                      groups: int = 1, topk_group: int = 1) -> dict[str, object]:
     """codegen's MOE_* constants of a router: Qwen3-MoE's, or DeepSeek's (sigmoid scores, a
     correction bias, groups)."""
-    return {"MAX_K": 3 * experts + 2 * k + groups,  # the least s.vec the router stages in
+    return {"MAX_K": 3 * experts + 2 * k + groups,  # s.vec: room for what the router stages
             "MOE_EXPERTS": experts, "MOE_TOP_K": k, "MOE_NORM_TOPK_PROB": int(norm),
             "MOE_SCALING": f"{scaling!r}f", "MOE_SIGMOID": int(deepseek),
             "MOE_BIAS": int(deepseek), "MOE_GROUPS": groups, "MOE_TOPK_GROUP": topk_group}
 
 
+# The router's compute warps on the host: 2 (a thread holds several of the router's slots) and
+# 16 (one slot a thread, as the kernel is built).
+ROUTER_WARPS = [2, 16]
+
+
+def concentrated(x: torch.Tensor, k: int) -> torch.Tensor:
+    """x with the k best values on k consecutive experts of its last 32, in one of the router's
+    chunks of 32 slots (whose candidates are then the whole choice)."""
+    x = x.clone()
+    x[(len(x) - 1) // 32 * 32:][:k] += 10
+    return x
+
+
+@pytest.mark.parametrize("warps", ROUTER_WARPS)
 @pytest.mark.parametrize("experts, k, norm, scaling", ROUTERS)
 def test_kernel_router_is_the_interpreters(tmp_path: Path, experts: int, k: int, norm: bool,
-                                           scaling: float) -> None:
+                                           scaling: float, warps: int) -> None:
     """Expert ids exactly (best first; equal scores: the lower expert first) and combine weights
     to float32 rounding, on random logits and on logits with planted exact ties at the top-k
-    boundary, all-equal logits, and a NaN."""
-    exe = build_host_kernel(tmp_path, 256, 4, 2, router_constants(experts, k, norm, scaling))
+    boundary, logits of a few values (ties within and across the router's chunks of 32
+    experts), the best all in one chunk, a chunk of -inf logits, all-equal logits, and a NaN."""
+    exe = build_host_kernel(tmp_path, 256, 4, warps, router_constants(experts, k, norm, scaling))
     gen = torch.Generator().manual_seed(experts)
     cases = [torch.randn(experts, generator=gen) * 3 for _ in range(20)]
     for _ in range(10):  # ties straddling the k-th place
@@ -198,6 +213,11 @@ def test_kernel_router_is_the_interpreters(tmp_path: Path, experts: int, k: int,
         order = x.argsort(descending=True)
         x[order[k:k + 3]] = float(x[order[k - 1]])
         cases.append(x)
+    cases += [torch.randint(-2, 3, (experts,), generator=gen).float() for _ in range(10)]
+    cases += [concentrated(torch.randn(experts, generator=gen), k) for _ in range(5)]
+    if experts > 32:  # a chunk of zero scores (on 16 warps, a warp's maximum -inf)
+        cases.append(torch.randn(experts, generator=gen))
+        cases[-1][:32] = float("-inf")
     cases.append(torch.zeros(experts))
     cases.append(torch.randn(experts, generator=gen))
     cases[-1][3] = float("nan")  # every score NaN: the ids must still be valid for the loader

@@ -42,15 +42,24 @@ from tilertc.passes.roles import assign_roles, register_cap
 from tilertc.passes.scheduling import schedule as schedule_pass
 from tilertc.passes.sharding import shard
 from tilertc.passes.synchronization import synchronize
-from tilertc.passes.tiling import MATVEC, beside_partner, has_tiles, row_bytes, sms_beside, tile
+from tilertc.passes.tiling import (
+    MATVEC,
+    ROUTER_ROWS,
+    beside_partner,
+    has_tiles,
+    router_sms,
+    row_bytes,
+    sms_beside,
+    tile,
+)
 
 
 def until(name: str, last: Callable[[Program], Program], tp: int = 1, target: str = "h200",
-          **overrides: object) -> tuple[Program, Program]:
+          tuning: dict | None = None, **overrides: object) -> tuple[Program, Program]:
     """(the program before `last`, a deep copy of it; then `last` has run on the first)."""
     spec = load_spec(name, overrides)
     program = Program(spec, build_graph(spec), get_target(target), tp)
-    program.config["tuning"] = {}
+    program.config["tuning"] = dict(tuning or {})
     for run in PASSES:
         if run is last:
             before = Program(program.spec, _copy_graph(program.graph), program.target, tp,
@@ -390,17 +399,30 @@ def test_the_latent_append_task_takes_half_a_share_of_the_q_absorption() -> None
     assert {t.rows[1] - t.rows[0] for t in after.tasks_of("layers.0.v_expand")} == {124, 125}
 
 
-def test_the_moe_top_k_runs_beside_the_shared_expert() -> None:
-    """The router takes every SM, then the top-k one of them; the shared expert's gate/up
-    leaves that SM to the top-k (131 tasks) instead of doubling up on another SM, whose
-    routed gate/up then started ~7 us late (GLM-5, session 37)."""
+def test_the_moe_router_and_top_k_run_beside_the_shared_expert() -> None:
+    """The router's logits take tasks of ROUTER_ROWS rows (GLM-5: 256 experts on 32 SMs) and
+    the shared expert's gate/up, which starts with it, the SMs that the router and its top-k
+    leave (99), so that no SM runs both or two shared tasks (one SM with two had its routed
+    gate/up start ~7 us late, GLM-5, session 37) and the top-k follows the router at once.
+    The `router_tasks` knob overrides the count; a router with no shared expert beside it
+    (Qwen3-30B-A3B) takes every SM it can."""
     before, after = until("glm-5", schedule_pass, num_hidden_layers=1, first_k_dense_replace=0)
-    shared = "layers.0.ffn.shared_experts.gate_up_proj"
-    assert sms_beside(before, before.graph.op(shared)) == (131, ["layers.0.moe.topk"])
+    shared, router = "layers.0.ffn.shared_experts.gate_up_proj", "layers.0.moe.router"
+    assert router_sms(before, before.graph.op(router), 132) == 256 // ROUTER_ROWS == 32
+    assert sms_beside(before, before.graph.op(shared)) == (99, [router, "layers.0.moe.topk"])
     tasks = after.tasks_of(shared)
-    topk_sm = after.tasks_of("layers.0.moe.topk")[0].sm
-    assert len(tasks) == 131 and len({t.sm for t in tasks}) == 131
-    assert topk_sm not in {t.sm for t in tasks}
+    router_sms_used = {t.sm for t in after.tasks_of(router)}
+    assert len(tasks) == 99 and len({t.sm for t in tasks}) == 99
+    assert len(router_sms_used) == 32 and not router_sms_used & {t.sm for t in tasks}
+    assert after.tasks_of("layers.0.moe.topk")[0].sm not in {t.sm for t in tasks}
+    knob = until("glm-5", schedule_pass, num_hidden_layers=1, first_k_dense_replace=0,
+                 tuning={"router_tasks": 64})[1]
+    assert len(knob.tasks_of(router)) == 64 and len(knob.tasks_of(shared)) == 67
+    with pytest.raises(ScheduleError, match="router_tasks=0"):
+        until("glm-5", schedule_pass, num_hidden_layers=1, first_k_dense_replace=0,
+              tuning={"router_tasks": 0})
+    qwen = until("qwen3-30b-a3b", schedule_pass, num_hidden_layers=1)[1]
+    assert len(qwen.tasks_of("layers.0.moe.router")) == 128
 
 
 def test_the_indexer_head_weights_share_the_sms_with_q_b_by_bytes() -> None:
