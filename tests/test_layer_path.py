@@ -26,7 +26,7 @@ def test_the_path_from_known_stamps() -> None:
     layer1[2][1] += 2000
     stamps = np.array([[[0, 0, 800], *layer0, *layer1]], dtype=np.uint64)
     profile = StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64))
-    path = layer_path(profile, 0)
+    path = layer_path(profile, [0])
     assert [r.op for r in path] == ["qkv", "attention"]
     qkv, attention = path
     # layer times from the layer's first start (+1000 ns in layer 0)
@@ -34,3 +34,16 @@ def test_the_path_from_known_stamps() -> None:
     assert (qkv.median_done, qkv.last_done, qkv.mean_task) == pytest.approx((4.5, 5.0, 3.0))
     assert (attention.first_start, attention.first_met) == pytest.approx((0.5, 7.0))
     assert (attention.last_done, attention.mean_task) == pytest.approx((8.0, 1.0))
+
+
+def test_steps_are_folded_into_their_mean() -> None:
+    """The same layer in two steps, its task's dependencies met 1 µs into the layer in the
+    first and 3 µs in the second (the second step starting 50 µs later): the path over both
+    steps has them met at 2 µs, each step's times taken from that step's layer start."""
+    ops = ["layers.0.down"]
+    stamps = np.array([[[1000, 2000, 4000]], [[51000, 54000, 56000]]], dtype=np.uint64)
+    profile = StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64))
+    assert layer_path(profile, [0])[0].first_met == pytest.approx(1.0)
+    (down,) = layer_path(profile, [0, 1])
+    assert (down.first_start, down.first_met, down.last_done) == pytest.approx((0.0, 2.0, 4.0))
+    assert down.mean_task == pytest.approx(2.0)

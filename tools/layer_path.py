@@ -1,6 +1,6 @@
 """A layer's critical path on the GPU, op after op, from the kernel's own task stamps:
 
-    python tools/layer_path.py ARTIFACT [--context N] [--step S]     # on a GPU machine
+    python tools/layer_path.py ARTIFACT [--context N] [--step S | --later-steps]   # on a GPU
 
 Loads ARTIFACT with random weights, decodes a few steps with the stamps on from position N
 (the cache's earlier rows are whatever the arena holds, which costs attention the time of a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,36 +47,38 @@ class OpOnPath:
     mean_task: float  # dependencies met to done
 
 
-def layer_path(profile: StepProfile, step: int) -> list[OpOnPath]:
-    """The ops of a layer in the order they run in one, each the mean over the layers of
-    `step`; a layer's time 0 is the first start of any of its tasks."""
-    stamps = profile.since_start(step)
+def layer_path(profile: StepProfile, steps: Sequence[int]) -> list[OpOnPath]:
+    """The ops of a layer in the order they run in one, each the mean over the layers and
+    `steps`; a layer's time 0 is the first start of any of its tasks in that step."""
     layers: dict[int, dict[str, list[int]]] = {}
     for task, name in enumerate(profile.ops):
         m = LAYER_OP.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(task)
     rows: dict[str, list[list[float]]] = {}
-    for ops in layers.values():
-        t0 = min(stamps[tasks, START].min() for tasks in ops.values())
-        for op, tasks in ops.items():
-            s = stamps[tasks]
-            rows.setdefault(op, []).append([
-                s[:, START].min() - t0, s[:, DEPS_MET].min() - t0, np.median(s[:, DEPS_MET]) - t0,
-                np.median(s[:, DONE]) - t0, s[:, DONE].max() - t0,
-                float(np.mean(s[:, DONE] - s[:, DEPS_MET]))])
+    for step in steps:
+        stamps = profile.since_start(step)
+        for ops in layers.values():
+            t0 = min(stamps[tasks, START].min() for tasks in ops.values())
+            for op, tasks in ops.items():
+                s = stamps[tasks]
+                rows.setdefault(op, []).append([
+                    s[:, START].min() - t0, s[:, DEPS_MET].min() - t0,
+                    np.median(s[:, DEPS_MET]) - t0, np.median(s[:, DONE]) - t0,
+                    s[:, DONE].max() - t0, float(np.mean(s[:, DONE] - s[:, DEPS_MET]))])
     means = {op: np.mean(np.array(r), axis=0) / 1e3 for op, r in rows.items()}
     return [OpOnPath(op, *map(float, m)) for op, m in sorted(means.items(), key=lambda i: i[1][1])]
 
 
-def run(artifact: Path, step: int, context: int) -> None:
+def run(artifact: Path, steps: Sequence[int], context: int) -> None:
     profile = profile_at(random_engine(artifact), context)
-    print(f"== {artifact}: step {step} of {STEPS}, context {context}; µs from the layer's first "
-          "task start, mean over the layers")
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
+    print(f"== {artifact}: {which} of {STEPS}, context {context}; µs from the layer's first "
+          "task start, mean over the layers" + (" and steps" if len(steps) > 1 else ""))
     print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"
           f" {'last done':>9s} {'task':>6s}  usually last")
     last = {r.op: r for r in op_table(profile).rows}
-    for r in layer_path(profile, step):
+    for r in layer_path(profile, steps):
         print(f"  {r.op:24s} {r.first_start:9.2f} {r.first_met:8.2f} {r.median_met:8.2f}"
               f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f}  task"
               f" {last[r.op].usually_last} ({last[r.op].usually_last_share:.0%})")
@@ -85,8 +88,11 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("artifact", type=Path)
     add_run_options(parser)
+    parser.add_argument("--later-steps", action="store_true",
+                        help=f"the mean over steps 1-{STEPS - 1} instead of --step's one (a "
+                             "step's stamps move by ~0.5-1 us between steps)")
     args = parser.parse_args(argv)
-    run(args.artifact, args.step, args.context)
+    run(args.artifact, list(range(1, STEPS)) if args.later_steps else [args.step], args.context)
     return 0
 
 
