@@ -240,9 +240,8 @@ def _tile_rows(program: Program, op) -> None:
     rows, rb = op.attrs["rows"], row_bytes(program, op)
     quantum = tile_rows(op.attrs["K"]) if tiled else 1
     sms, beside = sms_beside(program, op)
-    router = is_router(program, op) and router_sms(program, op, sms) < sms
-    if router:
-        sms = router_sms(program, op, sms)
+    narrowed = router_sms(program, op, sms) if is_router(program, op) else sms
+    router, sms = narrowed < sms, narrowed
     partner = beside_partner(program, op)
     if partner is not None:  # the SMs the two share, in proportion to their bytes
         other = program.graph.op(partner)
@@ -318,10 +317,10 @@ def router_sms(program: Program, router, sms: int) -> int:
         return min(sms, asked)
     g = program.graph
     producers = set(g.nx.predecessors(router.name))
-    shared = [o for o in g.ops() if o.name != router.name and o.opcode in MATVEC
-              and set(g.nx.predecessors(o.name)) == producers
-              and not nx.has_path(g.nx, router.name, o.name)
-              and not nx.has_path(g.nx, o.name, router.name)]
+    shared = any(o.name != router.name and o.opcode in MATVEC
+                 and set(g.nx.predecessors(o.name)) == producers
+                 and not nx.has_path(g.nx, router.name, o.name)
+                 and not nx.has_path(g.nx, o.name, router.name) for o in g.ops())
     return min(sms, -(-router.attrs["rows"] // ROUTER_ROWS)) if shared else sms
 
 

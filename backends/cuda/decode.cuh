@@ -2919,6 +2919,9 @@ __device__ __forceinline__ uint32_t value_key(float v) { return v != v ? 0xfffff
 __device__ __forceinline__ unsigned long long route_key(uint32_t value, int e) {
   return static_cast<unsigned long long>(value) << 32 | (0xffffffffu - static_cast<uint32_t>(e));
 }
+__device__ __forceinline__ int route_expert(unsigned long long key) {  // route_key's e
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(key));
+}
 
 // The router's slots: compute thread ct holds slots ct, ct + NT, ...; a slot holds one expert or
 // none (key 0), in expert order. Under a group limit a group takes a power of two of slots, its
@@ -3069,13 +3072,12 @@ __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
   for (int j = 0; j < SLOTS_PER_THREAD; ++j) {  // stage one: ranks within chunks
     const int slot = ct + j * NT, chunk = slot / 32;
     if (chunk >= ROUTE_CHUNKS) break;  // the whole warp
-    // The lanes above: those whose (key, 31 - lane) is larger, i.e. of a larger key or of an equal
-    // key and a lower lane; one 64-bit comparison each, its low word a constant.
-    const unsigned long long mine = static_cast<unsigned long long>(key[j]) << 32 | (31 - lane);
+    // The lanes above: those of a larger key, or of an equal key and a lower lane (route_key
+    // with the lane for the expert: one 64-bit comparison each, its low word a constant).
+    const unsigned long long mine = route_key(key[j], lane);
     int rank = 0;
 #pragma unroll
-    for (int l = 0; l < 32; ++l)
-      rank += (static_cast<unsigned long long>(__shfl_sync(0xffffffffu, key[j], l)) << 32 | (31 - l)) > mine;
+    for (int l = 0; l < 32; ++l) rank += route_key(__shfl_sync(0xffffffffu, key[j], l), l) > mine;
     if (rank < MOE_TOP_K) {
       cand[chunk * MOE_TOP_K + rank] = route_key(key[j], slot_expert(slot));
       cand_score[chunk * MOE_TOP_K + rank] = score[j];
@@ -3092,7 +3094,7 @@ __device__ void run_moe_topk(const Params& p, Shared& s, const int* t, int ct) {
 #pragma unroll
     for (int o = 1; o < ROUTE_LANES; o <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, o);
     if (i < ROUTE_CANDIDATES && part == 0 && rank < MOE_TOP_K) {
-      choice[rank] = static_cast<int>(0xffffffffu - static_cast<uint32_t>(mine));
+      choice[rank] = route_expert(mine);
       chosen[rank] = mine_score;
     }
   }
