@@ -17,11 +17,13 @@ of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_di
 
 Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: a
 decode step was as fast or faster in every model measured, docs/performance.md, sessions 26-27;
-knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` whose
-input is exactly the output of one tiled dense projection at --tp 1, and no other tiled op takes
-that output as its input, that the producer writes the consumer's digits (`digits_for`) and
-the consumer reads them (`ready_digits`); passes/residency.py gives each such consumer its
-buffer `<consumer>.digits`. The schedule verifier (verify.py) sees the producer's fp32 output,
+knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` /
+`moe_gate_up` whose input is exactly the output of one tiled dense projection at --tp 1, that
+the producer writes the digits (`digits_for`: the first reader) and every tiled op that reads
+that output reads them (`ready_digits`: the same name), when they all read it alike (a MoE
+layer's shared and routed gate/up: the same length and norm weight; otherwise none does);
+passes/residency.py gives each producer's digits one buffer, `<first reader>.digits`. The
+schedule verifier (verify.py) sees the producer's fp32 output,
 which it still writes and the consumer still waits for: the digits are written before the same
 signal, so they are ordered as that output is.
 """
@@ -34,15 +36,23 @@ from tilertc.passes.tiling import DENSE_PROJECTIONS, is_tiled
 GROUP_ROWS = 8  # rows a producer digitizes with one exponent (decode.cuh: DIGIT_GROUP)
 
 
+def normalizes(op) -> bool:
+    """Whether tile op `op` normalizes its input (its digits then carry groups' sums of squares)."""
+    return op.opcode in ("norm_matvec", "moe_gate_up")
+
+
 def digits_floats(op) -> int:
     """fp32 words of a ready-digit consumer's buffer: 4 digit bytes per column, an int8
     exponent per group, and a normalizing consumer's per-group sums of squares."""
     k = op.attrs["K"]
-    return k + k // GROUP_ROWS // 4 + (k // GROUP_ROWS if op.opcode == "norm_matvec" else 0)
+    return k + k // GROUP_ROWS // 4 + (k // GROUP_ROWS if normalizes(op) else 0)
 
 
 def _producer(program: Program, op):
-    """The one tiled dense projection whose whole output `op` reads, or None."""
+    """The one tiled dense projection whose whole output `op` reads, and the tiled ops that
+    read it (`op` among them), or None: where several do (a MoE layer's shared and routed
+    gate/up), they must read it alike (the same length and norm weight), since they share one
+    buffer of digits."""
     g = program.graph
     x = op.inputs[0]
     if op.attrs.get("in_offset"):
@@ -55,7 +65,9 @@ def _producer(program: Program, op):
         return None
     # (a matvec_add that adds x as its residual reads its fp32 values, which stay)
     readers = [o for o in g.consumers(src.name) if o.inputs[0] == x and is_tiled(program, o)]
-    return src if readers == [op] else None
+    alike = all(normalizes(o) == normalizes(op) and o.attrs["K"] == op.attrs["K"]
+                and (not normalizes(o) or o.inputs[1] == op.inputs[1]) for o in readers)
+    return (src, readers) if op in readers and alike else None
 
 
 def ready_digits(program: Program) -> Program:
@@ -63,7 +75,7 @@ def ready_digits(program: Program) -> Program:
     if asked is False:
         return program
     tiled = [op for op in program.graph.ops()
-             if op.opcode in DENSE_PROJECTIONS and is_tiled(program, op)]
+             if op.opcode in (*DENSE_PROJECTIONS, "moe_gate_up") and is_tiled(program, op)]
     if not tiled:
         if asked:
             raise ScheduleError("ready_digits has the producers of FP8 tile tasks' inputs "
@@ -72,15 +84,17 @@ def ready_digits(program: Program) -> Program:
         return program
     pairs = []
     for op in tiled:
-        src = _producer(program, op)
-        if src is None:
+        found = _producer(program, op)
+        if found is None:
             continue
+        src, readers = found
         if any((t.rows[1] - t.rows[0]) % GROUP_ROWS or t.rows[0] % GROUP_ROWS
                for t in program.tasks_of(src.name)):
             raise ScheduleError(f"op {src.name!r}: a task's rows are not whole groups of "
                                 f"{GROUP_ROWS}, which ready digits need")
-        src.attrs["digits_for"] = op.name
-        op.attrs["ready_digits"] = True
+        # one buffer, named after its first reader, which the producer writes for all
+        src.attrs["digits_for"] = readers[0].name
+        op.attrs["ready_digits"] = readers[0].name
         pairs.append(f"{src.name} -> {op.name}")
     program.decide("digits", f"{len(pairs)} FP8 tile inputs made as digits by their producer"
                    + (f" ({pairs[0]}, ...)" if pairs else ""))

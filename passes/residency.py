@@ -278,8 +278,8 @@ def place(program: Program) -> Program:
         part = partials_floats(lm[0].attrs["rows"], n)
         program.buffers["sample_partials"] = Buffer("sample_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
-    for op in g.ops():  # one per consumer: each layer's, as every activation has its own
-        if op.attrs.get("ready_digits"):
+    for op in g.ops():  # one per producer, named after its first reader (passes/digits.py)
+        if op.attrs.get("ready_digits") == op.name:
             name, n = f"{op.name}.digits", digits_floats(op)
             program.buffers[name] = Buffer(name, act_off, n, "fp32", "act")
             act_off += _align(n)

@@ -261,6 +261,30 @@ def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
+# deepseek-v3-tiny with MoE layers whose o_proj (8 heads of 64 value dims), shared expert and
+# routed experts (hidden 1024) all tile
+TILED_MOE = {"hidden_size": 1024, "moe_intermediate_size": 512, "num_attention_heads": 8,
+             "v_head_dim": 64}
+
+
+def test_moe_gate_ups_share_o_proj_digits_on_the_host(tmp_path: Path) -> None:
+    """A MoE layer's shared and routed gate/up both read its o_proj's output, normed alike:
+    o_proj's tasks write one buffer of digits (named after the first reader) that both copy
+    in, against the interpreter (routing included: the step's tokens and every layer's
+    output)."""
+    spec = fp8_spec("deepseek-v3-tiny", TILED_MOE)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, READY)
+    for layer in (1, 2):
+        shared = f"layers.{layer}.ffn.shared_experts.gate_up_proj"
+        for reader in (shared, f"layers.{layer}.moe.gate_up"):
+            assert program.graph.op(reader).attrs["ready_digits"] == shared
+        assert program.graph.op(f"layers.{layer}.o_proj").attrs["digits_for"] == shared
+    assert [b for b in program.buffers if b.endswith(".digits")] == [
+        "layers.0.ffn.gate_up_proj.digits", *(f"layers.{i}.ffn.shared_experts.gate_up_proj.digits"
+                                              for i in (1, 2))]
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
+
+
 @pytest.mark.parametrize(("name", "overrides", "target"),
                          [step[:3] for step in READY_STEPS[::2]])
 def test_ready_digits_read_only_what_the_step_writes(tmp_path: Path,

@@ -15,6 +15,7 @@ import struct
 
 import numpy as np
 
+from tilertc.passes.digits import normalizes
 from tilertc.passes.fusion_moe import down_inputs
 from tilertc.passes.packing import expert_weights
 from tilertc.passes.program import Program, ScheduleError, Task
@@ -322,12 +323,13 @@ def _fixed_fields(program: Program, op) -> dict[str, int]:
 
 def _digit_fields(program: Program, op) -> dict[str, int]:
     """DIGIT_FIELDS of any task of `op` (see there)."""
-    out = {"digits_in": _offset(program, f"{op.name}.digits") if op.attrs.get("ready_digits")
-           else -1, "digits_out": -1, "digits_gamma": -1}
+    reads = op.attrs.get("ready_digits")
+    out = {"digits_in": _offset(program, f"{reads}.digits") if reads else -1,
+           "digits_out": -1, "digits_gamma": -1}
     if "digits_for" in op.attrs:
         user = program.graph.op(op.attrs["digits_for"])
         out.update(digits_out=_offset(program, f"{user.name}.digits"), digits_k=user.attrs["K"])
-        if user.opcode == "norm_matvec":
+        if normalizes(user):
             out["digits_gamma"] = _offset(program, user.inputs[1])
     return out
 
