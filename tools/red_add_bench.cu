@@ -61,6 +61,8 @@ float launch_us(int ctas, int threads, long long* fixed, float* sum, float* part
     cudaEventElapsedTime(&ms, a, b);
     best = ms < best ? ms : best;
   }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
   return best * 1000.f / 200;
 }
 
