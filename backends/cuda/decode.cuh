@@ -1158,41 +1158,58 @@ static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
-// at all. A warp per head weighs its chunks (a lane per chunk, the factors after the heads'
-// inputs in s.vec), then each thread adds up two dims of a head over the chunks, those loads in
-// flight together. The task that holds a head's first row also leaves the head in o_latent
+// at all. A warp per head weighs its chunks (a lane per chunk, its max and sum one load, the
+// factors after the heads' inputs in s.vec), then each thread adds up two dims of a head over
+// the chunks, MERGE_BATCH chunks' loads in flight at a time. The staging's time is round trips
+// to L2: it took three before the sums, then one a chunk, each chunk's load waited for by its
+// product (4.3 µs a DeepSeek-V3.2 task, docs/performance.md, sessions 36 and 41). (Issuing the
+// first batch before the weighing made the DeepSeek-V3.2 kernels spill.) The task that holds a head's first row also leaves the head in o_latent
 // (F_IN), the attention's output in the graph, which nothing downstream reads: what the tests
 // and Engine's activations see.
+constexpr int MERGE_BATCH = 8;
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
-  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
+  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31, items = n * MLA_RANK / 2;
   float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
   const auto part = [&](int h, int k) {  // chunk k's result for head h
     return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
            h % MLA_HEADS * (MLA_RANK + 2);
   };
+  // item j: dims 2 (j % (MLA_RANK / 2)) and the next of head j / (MLA_RANK / 2); chunks past the
+  // last are read as the last, weighed 0 (loads that exist: no guard, no spill)
+  const auto load_batch = [&](float2 (&v)[MERGE_BATCH], int j, int k0) {
+    const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
+#pragma unroll
+    for (int b = 0; b < MERGE_BATCH; ++b)
+      v[b] = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, min(k0 + b, chunks - 1)) + d));
+  };
   for (int i = warp; i < n; i += COMPUTE_WARPS) {
-    float mx = -INFINITY, den = 0.f;
-    for (int k = lane; k < chunks; k += 32) mx = fmaxf(mx, __ldcg(part(h0 + i, k) + MLA_RANK));
+    const auto stats = [&](int k) { return __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK)); };
+    const float2 own = lane < chunks ? stats(lane) : make_float2(-INFINITY, 0.f);  // (max, sum)
+    float mx = own.x, den = 0.f;
+    for (int k = lane + 32; k < chunks; k += 32) mx = fmaxf(mx, stats(k).x);
     mx = warp_max(mx);
     for (int k = lane; k < chunks; k += 32) {
-      const float* ml = part(h0 + i, k) + MLA_RANK;
-      const float m = __ldcg(ml), f = m == -INFINITY ? 0.f : __expf(m - mx);
+      const float2 ms = k == lane ? own : stats(k);
+      const float f = ms.x == -INFINITY ? 0.f : __expf(ms.x - mx);
       factor[i * chunks + k] = f;
-      den += f * __ldcg(ml + 1);
+      den += f * ms.y;
     }
     den = warp_sum(den);
     for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
   }
   compute_sync();
-  for (int j = ct; j < n * MLA_RANK / 2; j += NT) {
+  for (int j = ct; j < items; j += NT) {
     const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
     float2 num = make_float2(0.f, 0.f);
-#pragma unroll 8
-    for (int k = 0; k < chunks; ++k) {
-      const float f = factor[i * chunks + k];
-      const float2 v = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + d));
-      num.x = fmaf(f, v.x, num.x);
-      num.y = fmaf(f, v.y, num.y);
+    for (int k0 = 0; k0 < chunks; k0 += MERGE_BATCH) {
+      float2 v[MERGE_BATCH];
+      load_batch(v, j, k0);
+#pragma unroll
+      for (int b = 0; b < MERGE_BATCH; ++b) {
+        const float f = k0 + b < chunks ? factor[i * chunks + k0 + b] : 0.f;
+        num.x = fmaf(f, v[b].x, num.x);
+        num.y = fmaf(f, v[b].y, num.y);
+      }
     }
     s.vec[i * MLA_RANK + d] = num.x;
     s.vec[i * MLA_RANK + d + 1] = num.y;
