@@ -48,13 +48,14 @@ MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of
 MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
 DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
+TASK_ROW_BYTES = 2 * 64 * 4  # compute's task rows: this task's, the next's (decode.cuh: TASK_SLOT)
 
 
 def smem_bytes(pages: int, page: int, vec_floats: int, acc_floats: int) -> int:
     """Shared memory of one CTA: the ring, two mbarriers per page, the staged vector, the row
-    sums, reduction scratch and flags (the layout of decode.cuh's `carve`)."""
+    sums, reduction scratch, flags and task rows (the layout of decode.cuh's `carve`)."""
     floats = -(-vec_floats // 4) * 4 + -(-acc_floats // 4) * 4 + REDUCTION_FLOATS
-    return pages * page + 16 * pages + 4 * floats + FLAG_BYTES
+    return pages * page + 16 * pages + 4 * floats + FLAG_BYTES + TASK_ROW_BYTES
 
 
 def _align(n: int) -> int:

@@ -329,7 +329,11 @@ struct Shared {
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
   volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
+  int* task;             // [2][TASK_SLOT]: compute's task rows, this task's and the next's (run_compute)
 };
+// A task row's slot in shared memory (passes/residency.py: TASK_ROW_BYTES holds two)
+constexpr int TASK_SLOT = 64;
+static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot");
 
 __device__ __forceinline__ Shared carve(uint8_t* base) {
   Shared s;
@@ -340,6 +344,7 @@ __device__ __forceinline__ Shared carve(uint8_t* base) {
   s.full = reinterpret_cast<uint64_t*>(s.acc + ACC_FLOATS);
   s.empty = s.full + RING_PAGES;
   s.flags = reinterpret_cast<volatile int*>(s.empty + RING_PAGES);
+  s.task = const_cast<int*>(s.flags) + 8;  // past the flags' 32 bytes
   return s;
 }
 
@@ -3798,12 +3803,27 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
 #endif  // FFN_SPLIT_K
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
+// A task's fields are read from its row in shared memory, which warp 0 copies in while the task
+// before runs (cp.async, no registers held): read from the table in global memory, each of the
+// row's cache lines cost a round trip to L2 where a task first touched it, ~1.4 µs from a v
+// expansion task's dependencies met to its merge and ~2.4 µs from an MLA attention task's to its
+// queries (docs/performance.md, session 41).
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void fetch_task_row(const Params& p, const Shared& s, unsigned slot, int id, int ct) {
+  for (int f = ct; f < TASK_FIELDS; f += 32) cp_async4(s.task + slot * TASK_SLOT + f, task_row(p, id) + f);
+}
+
 // Inlined into the kernel by force: past nvcc's inlining budget (full-size DeepSeek-V3.2 FP8
 // with ready digits) it became a call whose ABI took a 344-byte stack frame.
 __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x;
   uint32_t consumed = 0;
   bool ok = true;
+  unsigned slot = 0;  // this task's row's slot; the next task's goes to the other
+  if (ct < 32 && p.stream_offsets[blockIdx.x] < p.stream_offsets[blockIdx.x + 1])
+    fetch_task_row(p, s, slot, p.stream_tasks[p.stream_offsets[blockIdx.x]], ct);
   // The stream's bounds and the sampler's counter are read per step, not held in registers
   // through every task, for the same reason.
   for (long long step = 0; step < p.n_steps && ok; ++step) {
@@ -3817,12 +3837,20 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
     }
     for (int i = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1]; i < end && ok; ++i) {
       const int id = p.stream_tasks[i];
-      const int* t = task_row(p, id);
+      if (ct < 32) {  // this task's row is in (wait_deps' barrier shows it to the other warps)
+        cp_async_wait_all();
+        __syncwarp();
+      }
+      const int* t = s.task + slot * TASK_SLOT;
       unsigned long long* stamp =
           p.profile && step < p.profile_steps && ct == 0 ? p.profile + (step * p.n_tasks + id) * 3 : nullptr;
       if (stamp) stamp[0] = now_ns();
       ok = wait_deps(p, s, t, step, id);
       if (stamp) stamp[1] = now_ns();
+      // past wait_deps' barrier no warp reads the task before's row: the next task's (the next
+      // step's first after the last) takes its slot
+      if (ct < 32) fetch_task_row(p, s, slot ^ 1, p.stream_tasks[i + 1 < end ? i + 1 : p.stream_offsets[blockIdx.x]], ct);
+      slot ^= 1;
       if (!ok) break;
       bool signal = true;
       // The matrix-vector and sampling tasks get the thread index through opaque(): what they
@@ -3870,6 +3898,7 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
       if (stamp) stamp[2] = now_ns();
     }
   }
+  cp_async_wait_all();  // the last row fetched, which no task reads
   compute_sync();
   if (ct == 0) {
     atomicExch(const_cast<int*>(&s.flags[1]), static_cast<int>(consumed));
