@@ -3811,7 +3811,7 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
-__device__ __forceinline__ void fetch_task_row(const Params& p, const Shared& s, unsigned slot, int id, int ct) {
+__device__ __forceinline__ void fetch_task_row(const Params& p, const Shared& s, int slot, int id, int ct) {
   for (int f = ct; f < TASK_FIELDS; f += 32) cp_async4(s.task + slot * TASK_SLOT + f, task_row(p, id) + f);
 }
 
@@ -3821,9 +3821,6 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
   const int ct = threadIdx.x;
   uint32_t consumed = 0;
   bool ok = true;
-  unsigned slot = 0;  // this task's row's slot; the next task's goes to the other
-  if (ct < 32 && p.stream_offsets[blockIdx.x] < p.stream_offsets[blockIdx.x + 1])
-    fetch_task_row(p, s, slot, p.stream_tasks[p.stream_offsets[blockIdx.x]], ct);
   // The stream's bounds and the sampler's counter are read per step, not held in registers
   // through every task, for the same reason.
   for (long long step = 0; step < p.n_steps && ok; ++step) {
@@ -3835,22 +3832,24 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
       ok = s.flags[3];
       if (!ok) break;
     }
+    // the step's first task row (a task's row takes slot i % 2 of its stream index i: the step
+    // before's last task may have had this slot, and every warp is past it at the barrier above)
+    if (ct < 32 && p.stream_offsets[blockIdx.x] < p.stream_offsets[blockIdx.x + 1])
+      fetch_task_row(p, s, p.stream_offsets[blockIdx.x] & 1, p.stream_tasks[p.stream_offsets[blockIdx.x]], ct);
     for (int i = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1]; i < end && ok; ++i) {
       const int id = p.stream_tasks[i];
       if (ct < 32) {  // this task's row is in (wait_deps' barrier shows it to the other warps)
         cp_async_wait_all();
         __syncwarp();
       }
-      const int* t = s.task + slot * TASK_SLOT;
+      const int* t = s.task + (i & 1) * TASK_SLOT;
       unsigned long long* stamp =
           p.profile && step < p.profile_steps && ct == 0 ? p.profile + (step * p.n_tasks + id) * 3 : nullptr;
       if (stamp) stamp[0] = now_ns();
       ok = wait_deps(p, s, t, step, id);
       if (stamp) stamp[1] = now_ns();
-      // past wait_deps' barrier no warp reads the task before's row: the next task's (the next
-      // step's first after the last) takes its slot
-      if (ct < 32) fetch_task_row(p, s, slot ^ 1, p.stream_tasks[i + 1 < end ? i + 1 : p.stream_offsets[blockIdx.x]], ct);
-      slot ^= 1;
+      // past wait_deps' barrier no warp reads the task before's row: the next task's takes its slot
+      if (ct < 32 && i + 1 < end) fetch_task_row(p, s, (i + 1) & 1, p.stream_tasks[i + 1], ct);
       if (!ok) break;
       bool signal = true;
       // The matrix-vector and sampling tasks get the thread index through opaque(): what they
@@ -3898,7 +3897,7 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
       if (stamp) stamp[2] = now_ns();
     }
   }
-  cp_async_wait_all();  // the last row fetched, which no task reads
+  cp_async_wait_all();  // a row fetched for a task that a failing launch did not run
   compute_sync();
   if (ct == 0) {
     atomicExch(const_cast<int*>(&s.flags[1]), static_cast<int>(consumed));
