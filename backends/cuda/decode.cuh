@@ -1165,12 +1165,12 @@ static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
 // at all. A warp per head weighs its chunks (a lane per chunk, its max and sum one load, the
 // factors after the heads' inputs in s.vec), then each thread adds up two dims of a head over
-// the chunks, MERGE_BATCH chunks' loads in flight at a time. The staging's time is round trips
-// to L2: it took three before the sums, then one a chunk, each chunk's load waited for by its
-// product (4.3 µs a DeepSeek-V3.2 task, docs/performance.md, sessions 36 and 41). (Issuing the
-// first batch before the weighing made the DeepSeek-V3.2 kernels spill.) The task that holds a head's first row also leaves the head in o_latent
-// (F_IN), the attention's output in the graph, which nothing downstream reads: what the tests
-// and Engine's activations see.
+// the chunks, MERGE_BATCH chunks' loads in flight at a time: it took three round trips to L2
+// before the sums, then one a chunk, each chunk's load waited for by its product (the staging
+// 4.3 µs a DeepSeek-V3.2 task, now 4.1; docs/performance.md, sessions 36 and 41; issuing the
+// first batch before the weighing made the DeepSeek-V3.2 kernels spill). The task that holds a
+// head's first row also leaves the head in o_latent (F_IN), the attention's output in the
+// graph, which nothing downstream reads: what the tests and Engine's activations see.
 constexpr int MERGE_BATCH = 8;
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
   const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31, items = n * MLA_RANK / 2;
@@ -1188,8 +1188,10 @@ __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int
       v[b] = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, min(k0 + b, chunks - 1)) + d));
   };
   for (int i = warp; i < n; i += COMPUTE_WARPS) {
-    const auto stats = [&](int k) { return __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK)); };
-    const float2 own = lane < chunks ? stats(lane) : make_float2(-INFINITY, 0.f);  // (max, sum)
+    const auto stats = [&](int k) {  // chunk k's (max, sum) for head h0 + i
+      return __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK));
+    };
+    const float2 own = lane < chunks ? stats(lane) : make_float2(-INFINITY, 0.f);
     float mx = own.x, den = 0.f;
     for (int k = lane + 32; k < chunks; k += 32) mx = fmaxf(mx, stats(k).x);
     mx = warp_max(mx);
@@ -3804,10 +3806,10 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
 
 // ---- compute warps: the instruction stream, once per decode step ---------------------------
 // A task's fields are read from its row in shared memory, which warp 0 copies in while the task
-// before runs (cp.async, no registers held): read from the table in global memory, each of the
-// row's cache lines cost a round trip to L2 where a task first touched it, ~1.4 µs from a v
-// expansion task's dependencies met to its merge and ~2.4 µs from an MLA attention task's to its
-// queries (docs/performance.md, session 41).
+// before runs (cp.async, no registers held): read from the table in global memory (far larger
+// than the L1 beside the shared memory), each of the row's cache lines cost a round trip to L2
+// where a task first touched it, on every task's critical path (a v expansion task spent ~1.4 µs
+// from its dependencies met to the start of its merge; docs/performance.md, session 41).
 __device__ __forceinline__ void cp_async4(void* dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src) : "memory");
 }
