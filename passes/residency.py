@@ -48,7 +48,8 @@ MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of
 MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
 DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
-TASK_ROW_BYTES = 2 * 64 * 4  # compute's task rows: this task's, the next's (decode.cuh: TASK_SLOT)
+TASK_SLOT = 64  # fields a task row's slot in shared memory holds (decode.cuh: run_compute)
+TASK_ROW_BYTES = 2 * TASK_SLOT * 4  # two slots: this task's row and the next's
 
 
 def smem_bytes(pages: int, page: int, vec_floats: int, acc_floats: int) -> int:

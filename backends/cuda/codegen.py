@@ -17,7 +17,7 @@ from pathlib import Path
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.residency import DSA_KEYS, MLA_KEYS, REDUCTION_FLOATS
+from tilertc.passes.residency import DSA_KEYS, FLAG_BYTES, MLA_KEYS, REDUCTION_FLOATS, TASK_SLOT
 from tilertc.passes.tiling import has_tiles, scale_cols
 
 LIBRARY = Path(__file__).with_name("decode.cuh")
@@ -285,6 +285,8 @@ def constants(program: Program) -> dict[str, object]:
         "MAX_K": -(-cfg["vec_floats"] // 4) * 4,
         "ACC_FLOATS": -(-cfg["acc_floats"] // 4) * 4,
         "MISC_FLOATS": REDUCTION_FLOATS,
+        "FLAG_WORDS": FLAG_BYTES // 4,
+        "TASK_SLOT": TASK_SLOT,
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),

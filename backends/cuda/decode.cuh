@@ -328,12 +328,10 @@ struct Shared {
   float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
-  volatile int* flags;   // [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
+  volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
   int* task;             // [2][TASK_SLOT]: compute's task rows, this task's and the next's (run_compute)
 };
-// A task row's slot in shared memory (passes/residency.py: TASK_ROW_BYTES holds two)
-constexpr int TASK_SLOT = 64;
-static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot");
+static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot (passes/residency.py)");
 
 __device__ __forceinline__ Shared carve(uint8_t* base) {
   Shared s;
@@ -344,7 +342,7 @@ __device__ __forceinline__ Shared carve(uint8_t* base) {
   s.full = reinterpret_cast<uint64_t*>(s.acc + ACC_FLOATS);
   s.empty = s.full + RING_PAGES;
   s.flags = reinterpret_cast<volatile int*>(s.empty + RING_PAGES);
-  s.task = const_cast<int*>(s.flags) + 8;  // past the flags' 32 bytes
+  s.task = const_cast<int*>(s.flags) + FLAG_WORDS;
   return s;
 }
 
