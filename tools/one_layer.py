@@ -1,8 +1,10 @@
 """Build a one-layer model of a layer kind, for kernel experiments without a GPU:
 
     python tools/one_layer.py MODEL KIND OUT [--weight-dtype fp8|bf16] [--tune KNOB=N ...]
+                              [--layers N]
 
-KIND is `dense` or `moe`. The artifact is the model's config with one layer of that kind, the
+KIND is `dense` or `moe`. The artifact is the model's config with one layer of that kind (or
+N: what crosses a layer boundary, e.g. a layer's output as the next one's ready digits), the
 vocabulary shrunk, as `tilertc bench --per-layer` times it (`bench_layers.kind_overrides`), and
 room for 2048 positions (a 1k context and its tokens). Two such builds (one from a branch, one
 from main, or one made by `tools/kernel_variant.py`) compare on a GPU machine in one call:
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--tune", action="append", default=[], metavar="KNOB=N",
                     help=f"a schedule knob ({', '.join(TUNING_KNOBS)}), as `tilertc compile`")
     ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=1, help="layers of the kind [default: 1]")
     args = ap.parse_args()
     spec = tilertc.load_spec(args.model)
     if args.kind not in layer_kinds(spec):
@@ -41,10 +44,12 @@ def main() -> None:
         tuning = dict(parse_tuning(tuple(args.tune)))
     except ValueError as e:
         ap.error(f"--tune: {e}")
-    variant = tilertc.load_spec(args.model, overrides=kind_overrides(spec, args.kind, 1))
+    if args.layers < 1:
+        ap.error("--layers: at least 1")
+    variant = tilertc.load_spec(args.model, overrides=kind_overrides(spec, args.kind, args.layers))
     compile(variant, args.out, CompileOptions(max_seq_len=args.max_seq_len,
                                               weight_dtype=args.weight_dtype, **tuning))
-    print(f"{args.out}: {spec.name}, one {args.kind} layer")
+    print(f"{args.out}: {spec.name}, {args.layers} {args.kind} layer" + "s" * (args.layers > 1))
 
 
 if __name__ == "__main__":
