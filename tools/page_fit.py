@@ -5,11 +5,10 @@
 
 For each matrix-vector op of one layer (and the lm_head): its row format, its tasks' rows, the
 largest task's bytes and how many pages it streams (a page holds whole rows, or whole FP8 tile
-units). A page
-costs a round of the compute warps however few rows it holds (a wait on the ring, a pass over
-the staged input, a barrier), so a task whose last page holds a few rows pays nearly a page's
-overhead for them: such ops are marked. docs/performance.md, session 42, found two this way
-(MLA's v expansion with whole-group tasks, GLM-5's q absorption).
+units). A page costs a round of the compute warps however few rows it holds (a wait on the
+ring, a pass over the staged input, a barrier), so a task whose last page holds a few rows
+pays nearly a page's overhead for them: such ops are marked. docs/performance.md, session 42,
+found two this way (MLA's v expansion with whole-group tasks, GLM-5's q absorption).
 """
 
 from __future__ import annotations
@@ -75,7 +74,11 @@ def main() -> None:
         spec = tilertc.load_spec(args.model, overrides=kind_overrides(spec, args.layer_kind, 2))
     if args.weight_dtype:
         spec = with_weight_dtype(spec, args.weight_dtype)
-    program = make_program(spec, "h200", 1, 2048, dict(parse_tuning(tuple(args.tune))))
+    try:
+        tuning = dict(parse_tuning(tuple(args.tune)))
+    except ValueError as e:
+        ap.error(f"--tune: {e}")
+    program = make_program(spec, "h200", 1, 2048, tuning)
     print(f"{spec.name}: ring of {program.config['ring_pages']} pages x "
           f"{program.config['page_bytes']} B")
     for f in page_fits(program):
@@ -83,6 +86,7 @@ def main() -> None:
                 if f.pages > 1 and f.last_fill <= NEARLY_EMPTY else "")
         print(f"  {f.kind:36s} {f.format:9s} tasks of {f.rows[0]}-{f.rows[1]} rows, "
               f"{f.task_bytes / 1024:6.1f} KB: {f.pages} pages{mark}")
+
 
 if __name__ == "__main__":
     main()
