@@ -3,7 +3,8 @@
 Decides:
 - weights stream from HBM through a ring of shared-memory pages (bulk async copies); the
   ring gets all shared memory not needed for the activation vector a task reads, as pages of
-  `page_bytes`, and its depth is checked against Little's law (bytes in flight per SM must
+  `page_bytes` (at least `PAGE_KB`, grown to hold a dense row op's largest task whole where
+  that keeps the ring's depth: `_page_holding_row_tasks`), and its depth is checked against Little's law (bytes in flight per SM must
   cover the SM's share of bandwidth times the HBM latency);
 - activations (a few KB per layer), norm weights and the RoPE table are L2-resident global
   fp32 buffers in one arena, each activation with its own buffer so that no task of a step
@@ -149,6 +150,26 @@ def rope_dim(attn) -> int:
     return a["qk_rope_head_dim"] if attn.opcode == "mla_attention" else a["head_dim"]
 
 
+def _page_holding_row_tasks(program: Program, mv_ops: list, page: int, ring: int) -> int:
+    """The ring page, grown to hold whole the largest task of a dense op of rows that spills
+    past it, where the ring keeps as many pages. A page costs a round of the compute warps
+    however few rows it holds, so a task one row past its page pays a page for that row:
+    qwen3-30b-a3b FP8's o_proj tasks of 16 rows of 4224 B against a 64 KB page, 3.8 % of its
+    step (the H200, docs/performance.md, session 43). Larger pages as such gained nothing there
+    (llama-3.2-1b, the MLA layers), so the page grows only to a task that needs it."""
+    def depth(size: int) -> int:  # pages of `size` the ring holds, each with two mbarriers
+        return (ring - 16) // (size + 16)
+
+    largest: dict[str, int] = {}
+    rows = {op.name for op in mv_ops if op.opcode in MATVEC and not is_tiled(program, op)}
+    for t in program.tasks:
+        if t.op in rows:
+            largest[t.op] = max(largest.get(t.op, 0), t.weight_bytes)
+    fits = [size for size in (-(-b // 1024) * 1024 for b in largest.values())
+            if size > page and depth(size) == depth(page)]
+    return max([page, *fits])
+
+
 def place(program: Program) -> Program:
     g, tgt = program.graph, program.target
     # -- shared memory plan
@@ -205,6 +226,8 @@ def place(program: Program) -> Program:
         unit = tile_unit_bytes(8 * 1024)  # the largest: 8 segments of 256-column units
         page = max(unit, round(page / unit) * unit)
     page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
+    if "page_kb" not in program.config.get("tuning", {}):
+        page = _page_holding_row_tasks(program, mv_ops, page, ring)
     pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
     program.config.update(

@@ -15,11 +15,11 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from page_fit import NEARLY_EMPTY, page_fits  # noqa: E402
 
 
-def moe_layers(name: str) -> dict:
+def moe_layers(name: str, **tuning: int) -> dict:
     """The page fits of two FP8 MoE layers of `name`, by op kind."""
     layers = kind_overrides(tilertc.load_spec(name), "moe", 2)
     spec = with_weight_dtype(tilertc.load_spec(name, overrides=layers), "fp8")
-    return {f.kind: f for f in page_fits(make_program(spec, "h200", 1, 2048, {}))}
+    return {f.kind: f for f in page_fits(make_program(spec, "h200", 1, 2048, tuning))}
 
 
 def test_deepseek_moe_pages_are_the_probes() -> None:
@@ -33,9 +33,23 @@ def test_deepseek_moe_pages_are_the_probes() -> None:
     assert fits["v_expand"].pages == 1
 
 
-def test_glm5_q_absorb_spills_a_few_rows_onto_a_second_page() -> None:
-    fits = moe_layers("glm-5")
-    q = fits["q_absorb"]
-    assert q.format == "rows" and q.pages == 2 and q.last_fill <= NEARLY_EMPTY
-    others = [f for k, f in fits.items() if k != "q_absorb"]
-    assert all(f.pages == 1 or f.last_fill > NEARLY_EMPTY for f in others)
+def test_a_page_grows_to_hold_a_row_task_that_spills_a_few_rows() -> None:
+    """GLM-5's q absorption (331-333 rows of 208 B, 320 a 64 KB page) and qwen3-30b-a3b FP8's
+    o_proj (16 rows of 4224 B, 15 a 64 KB page) spill past 64 KB pages, as tools/page_fit.py
+    marks; by default the page grows to take their tasks whole (passes/residency.py)."""
+    for name, kind in (("glm-5", "q_absorb"), ("qwen3-30b-a3b", "o_proj")):
+        asked = moe_layers(name, page_kb=64)[kind]
+        assert asked.format == "rows" and asked.pages == 2 and asked.last_fill <= NEARLY_EMPTY
+        fits = moe_layers(name)
+        assert fits[kind].pages == 1
+        assert all(f.pages == 1 or f.last_fill > NEARLY_EMPTY for f in fits.values())
+
+
+def test_a_page_does_not_grow_where_the_ring_would_lose_a_page() -> None:
+    """qwen3-1.7b FP8's qkv tasks (31-32 rows of 2112 B) spill 2 KB past a 64 KB page, but the
+    ring holds 3 pages of 64 KB and only 2 of 66 KB: the page stays, and the spill with it."""
+    spec = with_weight_dtype(tilertc.load_spec("qwen3-1.7b"), "fp8")
+    program = make_program(spec, "h200", 1, 2048, {})
+    assert (program.config["ring_pages"], program.config["page_bytes"]) == (3, 65536)
+    qkv = {f.kind: f for f in page_fits(program)}["qkv_proj"]
+    assert qkv.pages == 2 and qkv.last_fill <= NEARLY_EMPTY
