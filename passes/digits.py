@@ -18,7 +18,8 @@ of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_di
 Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: a
 decode step was as fast or faster in every model measured, docs/performance.md, sessions 26-27;
 knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` /
-`moe_gate_up` whose input is exactly the output of one tiled dense projection at --tp 1, that
+`moe_gate_up` whose input is exactly the output of one tiled dense projection or MoE down
+projection (`PRODUCERS`; the MoE down's output is the next layer's attention input) at --tp 1, that
 the producer writes the digits (`digits_for`: the first reader) and every tiled op that reads
 that output reads them (`ready_digits`: the same name), when they all read it alike (a MoE
 layer's shared and routed gate/up: the same length and norm weight; otherwise none does);
@@ -34,6 +35,9 @@ from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.tiling import DENSE_PROJECTIONS, is_tiled
 
 GROUP_ROWS = 8  # rows a producer digitizes with one exponent (decode.cuh: DIGIT_GROUP)
+# the tiled projections whose output can be written as digits: the dense ones and the MoE down
+# (a MoE layer's output, which the next layer's attention input projection normalizes)
+PRODUCERS = (*DENSE_PROJECTIONS, "moe_down_add")
 
 
 def normalizes(op) -> bool:
@@ -58,7 +62,7 @@ def _producer(program: Program, op):
     if op.attrs.get("in_offset"):
         return None
     src = [o for o in g.producers(op.name) if x in o.outputs]
-    if len(src) != 1 or src[0].opcode not in DENSE_PROJECTIONS or src[0].outputs[0] != x:
+    if len(src) != 1 or src[0].opcode not in PRODUCERS or src[0].outputs[0] != x:
         return None
     src = src[0]
     if not is_tiled(program, src) or src.attrs["rows"] != op.attrs["K"]:

@@ -270,8 +270,8 @@ TILED_MOE = {"hidden_size": 1024, "moe_intermediate_size": 512, "num_attention_h
 def test_moe_gate_ups_share_o_proj_digits_on_the_host(tmp_path: Path) -> None:
     """A MoE layer's shared and routed gate/up both read its o_proj's output, normed alike:
     o_proj's tasks write one buffer of digits (named after the first reader) that both copy
-    in, against the interpreter (routing included: the step's tokens and every layer's
-    output)."""
+    in; a MoE down's tasks write the next layer's attention input as its digits. Against the
+    interpreter (routing included: the step's tokens and every layer's output)."""
     spec = fp8_spec("deepseek-v3-tiny", TILED_MOE)
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, "h200", 20, READY)
     for layer in (1, 2):
@@ -279,9 +279,10 @@ def test_moe_gate_ups_share_o_proj_digits_on_the_host(tmp_path: Path) -> None:
         for reader in (shared, f"layers.{layer}.moe.gate_up"):
             assert program.graph.op(reader).attrs["ready_digits"] == shared
         assert program.graph.op(f"layers.{layer}.o_proj").attrs["digits_for"] == shared
+    assert program.graph.op("layers.1.moe.down_proj").attrs["digits_for"] == "layers.2.attn_in_proj"
     assert [b for b in program.buffers if b.endswith(".digits")] == [
-        "layers.0.ffn.gate_up_proj.digits", *(f"layers.{i}.ffn.shared_experts.gate_up_proj.digits"
-                                              for i in (1, 2))]
+        "layers.0.ffn.gate_up_proj.digits", "layers.1.ffn.shared_experts.gate_up_proj.digits",
+        "layers.2.attn_in_proj.digits", "layers.2.ffn.shared_experts.gate_up_proj.digits"]
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
 
 
