@@ -371,9 +371,10 @@ def test_gpu_token_loop_equals_single_steps(mma_engine) -> None:
     test_token_loop_equals_single_steps(mma_engine)
 
 
-# ready digits (passes/digits.py): dense models with 8 x 8 tiles (and qk norms), 16 x 4 ones, and
-# MLA with dense FFNs
-READY_GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-k1536", "deepseek-v3-tiny-dense-wide"]
+# ready digits (passes/digits.py): dense models with 8 x 8 tiles (and qk norms), 16 x 4 ones, MLA
+# with dense FFNs, and MLA with tiled MoE layers (a MoE down writes the next layer's digits)
+READY_GPU_MODELS = ["llama-3.2-1b", "qwen3-1.7b", "llama-tiny-k1536", "deepseek-v3-tiny-dense-wide",
+                    "deepseek-v3-tiny-tiled-moe"]
 
 
 @pytest.fixture(scope="module", params=READY_GPU_MODELS)
