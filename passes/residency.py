@@ -4,8 +4,9 @@ Decides:
 - weights stream from HBM through a ring of shared-memory pages (bulk async copies); the
   ring gets all shared memory not needed for the activation vector a task reads, as pages of
   `page_bytes` (at least `PAGE_KB`, grown to hold a dense row op's largest task whole where
-  that keeps the ring's depth: `_page_holding_row_tasks`), and its depth is checked against Little's law (bytes in flight per SM must
-  cover the SM's share of bandwidth times the HBM latency);
+  that keeps the ring's depth: `_page_holding_row_tasks`), and its depth is checked against
+  Little's law (bytes in flight per SM must cover the SM's share of bandwidth times the HBM
+  latency);
 - activations (a few KB per layer), norm weights and the RoPE table are L2-resident global
   fp32 buffers in one arena, each activation with its own buffer so that no task of a step
   overwrites what another may still read;
