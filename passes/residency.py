@@ -166,9 +166,15 @@ def _page_holding_row_tasks(program: Program, mv_ops: list, page: int, ring: int
     for t in program.tasks:
         if t.op in rows:
             largest[t.op] = max(largest.get(t.op, 0), t.weight_bytes)
-    fits = [size for size in (-(-b // 1024) * 1024 for b in largest.values())
-            if size > page and depth(size) == depth(page)]
-    return max([page, *fits])
+    fits = {op: size for op, size in ((op, -(-b // 1024) * 1024) for op, b in largest.items())
+            if size > page and depth(size) == depth(page)}
+    if not fits:
+        return page
+    grown = max(fits.values())
+    kinds = sorted({op.split(".", 2)[-1] for op in fits})  # layers.N.<kind>
+    program.decide("residency", f"ring page {page} -> {grown} B, so that each task of "
+                   f"{', '.join(kinds)} (rows) takes one page instead of two")
+    return grown
 
 
 def place(program: Program) -> Program:

@@ -10,16 +10,22 @@ import tilertc
 from tilertc.bench_layers import kind_overrides
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.passes.pipeline import make_program
+from tilertc.passes.program import Program
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 from page_fit import NEARLY_EMPTY, page_fits  # noqa: E402
 
 
-def moe_layers(name: str, **tuning: int) -> dict:
-    """The page fits of two FP8 MoE layers of `name`, by op kind."""
+def moe_program(name: str, **tuning: int) -> Program:
+    """The schedule of two FP8 MoE layers of `name`."""
     layers = kind_overrides(tilertc.load_spec(name), "moe", 2)
     spec = with_weight_dtype(tilertc.load_spec(name, overrides=layers), "fp8")
-    return {f.kind: f for f in page_fits(make_program(spec, "h200", 1, 2048, tuning))}
+    return make_program(spec, "h200", 1, 2048, tuning)
+
+
+def moe_layers(name: str, **tuning: int) -> dict:
+    """The page fits of two FP8 MoE layers of `name`, by op kind."""
+    return {f.kind: f for f in page_fits(moe_program(name, **tuning))}
 
 
 def test_deepseek_moe_pages_are_the_probes() -> None:
@@ -40,9 +46,12 @@ def test_a_page_grows_to_hold_a_row_task_that_spills_a_few_rows() -> None:
     for name, kind in (("glm-5", "q_absorb"), ("qwen3-30b-a3b", "o_proj")):
         asked = moe_layers(name, page_kb=64)[kind]
         assert asked.format == "rows" and asked.pages == 2 and asked.last_fill <= NEARLY_EMPTY
-        fits = moe_layers(name)
+        program = moe_program(name)
+        fits = {f.kind: f for f in page_fits(program)}
         assert fits[kind].pages == 1
         assert all(f.pages == 1 or f.last_fill > NEARLY_EMPTY for f in fits.values())
+        grown = [d for d in program.decisions if d.startswith("[residency] ring page")]
+        assert len(grown) == 1 and f" {kind} (rows)" in grown[0], grown
 
 
 def test_a_page_does_not_grow_where_the_ring_would_lose_a_page() -> None:
