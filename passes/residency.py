@@ -151,6 +151,12 @@ def rope_dim(attn) -> int:
     return a["qk_rope_head_dim"] if attn.opcode == "mla_attention" else a["head_dim"]
 
 
+def ring_depth(ring: int, page: int) -> int:
+    """Pages of `page` bytes that `ring` bytes of shared memory hold, each page with its two
+    mbarriers (8 B each)."""
+    return (ring - 16) // (page + 16)
+
+
 def _page_holding_row_tasks(program: Program, mv_ops: list, page: int, ring: int) -> int:
     """The ring page, grown to hold whole the largest task of a dense op of rows that spills
     past it, where the ring keeps as many pages. A page costs a round of the compute warps
@@ -158,16 +164,13 @@ def _page_holding_row_tasks(program: Program, mv_ops: list, page: int, ring: int
     qwen3-30b-a3b FP8's o_proj tasks of 16 rows of 4224 B against a 64 KB page, 3.8 % of its
     step (the H200, docs/performance.md, session 43). Larger pages as such gained nothing there
     (llama-3.2-1b, the MLA layers), so the page grows only to a task that needs it."""
-    def depth(size: int) -> int:  # pages of `size` the ring holds, each with two mbarriers
-        return (ring - 16) // (size + 16)
-
     largest: dict[str, int] = {}
     rows = {op.name for op in mv_ops if op.opcode in MATVEC and not is_tiled(program, op)}
     for t in program.tasks:
         if t.op in rows:
             largest[t.op] = max(largest.get(t.op, 0), t.weight_bytes)
     fits = {op: size for op, size in ((op, -(-b // 1024) * 1024) for op, b in largest.items())
-            if size > page and depth(size) == depth(page)}
+            if size > page and ring_depth(ring, size) == ring_depth(ring, page)}
     if not fits:
         return page
     grown = max(fits.values())
@@ -235,7 +238,7 @@ def place(program: Program) -> Program:
     page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
     if "page_kb" not in program.config.get("tuning", {}):
         page = _page_holding_row_tasks(program, mv_ops, page, ring)
-    pages = (ring - 16) // (page + 16)  # each page also needs two mbarriers: at least 2 fit
+    pages = ring_depth(ring, page)  # at least 2 fit (`half` above)
     in_flight_needed = tgt.hbm_bandwidth / tgt.num_sms * tgt.hbm_latency_ns * 1e-9
     program.config.update(
         page_bytes=page,

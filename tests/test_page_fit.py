@@ -23,9 +23,14 @@ def moe_program(name: str, **tuning: int) -> Program:
     return make_program(spec, "h200", 1, 2048, tuning)
 
 
+def by_kind(program: Program) -> dict:
+    """The page fits of `program`, by op kind."""
+    return {f.kind: f for f in page_fits(program)}
+
+
 def moe_layers(name: str, **tuning: int) -> dict:
     """The page fits of two FP8 MoE layers of `name`, by op kind."""
-    return {f.kind: f for f in page_fits(moe_program(name, **tuning))}
+    return by_kind(moe_program(name, **tuning))
 
 
 def test_deepseek_moe_pages_are_the_probes() -> None:
@@ -47,7 +52,7 @@ def test_a_page_grows_to_hold_a_row_task_that_spills_a_few_rows() -> None:
         asked = moe_layers(name, page_kb=64)[kind]
         assert asked.format == "rows" and asked.pages == 2 and asked.last_fill <= NEARLY_EMPTY
         program = moe_program(name)
-        fits = {f.kind: f for f in page_fits(program)}
+        fits = by_kind(program)
         assert fits[kind].pages == 1
         assert all(f.pages == 1 or f.last_fill > NEARLY_EMPTY for f in fits.values())
         grown = [d for d in program.decisions if d.startswith("[residency] ring page")]
@@ -60,5 +65,5 @@ def test_a_page_does_not_grow_where_the_ring_would_lose_a_page() -> None:
     spec = with_weight_dtype(tilertc.load_spec("qwen3-1.7b"), "fp8")
     program = make_program(spec, "h200", 1, 2048, {})
     assert (program.config["ring_pages"], program.config["page_bytes"]) == (3, 65536)
-    qkv = {f.kind: f for f in page_fits(program)}["qkv_proj"]
+    qkv = by_kind(program)["qkv_proj"]
     assert qkv.pages == 2 and qkv.last_fill <= NEARLY_EMPTY
