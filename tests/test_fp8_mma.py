@@ -217,6 +217,47 @@ def test_moe_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: d
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
 
 
+def first_page_first(program: Program) -> set[tuple[str, int]]:
+    """(opcode, pieces) of the tile tasks that convert their first page's blocks before that page
+    and the rest after it (decode.cuh: first_page_blocks): an un-normed task that converts its
+    input whose page holds less than a tile of one piece, or less than a piece's units."""
+    page, split = program.config["page_bytes"], set()
+    for t in program.tasks:
+        op = program.graph.op(t.op)
+        if not is_tiled(program, op) or op.opcode == "norm_matvec" or op.attrs.get("ready_digits"):
+            continue
+        k, pieces = tile_weights(op)[0], 1
+        if op.opcode == "moe_down_add":
+            pieces = op.attrs["slots"] + bool(op.attrs["shared_intermediate"])
+        halves = 2 if op.opcode == "moe_gate_up" else 1
+        per_tile = k // tile_segments(k) // tile_unit_cols(k)
+        units = (t.rows[1] - t.rows[0]) // tile_rows(k) * halves * per_tile  # of one piece
+        rpp = page // stream_row_bytes(program, op)
+        if rpp < units and (rpp < per_tile or pieces > 1):
+            split.add((op.opcode, pieces))
+    return split
+
+
+# (spec, overrides, target, the tasks that stage their first page first) with 16 KB pages (2
+# units of 128 columns): llama-tiny's down (3 units a tile) and o_proj (K = 1024: one unit a
+# tile, no split); deepseek-v3-tiny's routed down on 2 SMs (tasks of 4 one-unit tiles a piece)
+FIRST_PAGE_STEPS = [("llama-tiny", WIDE, small("h200-48", 48), {("matvec_add", 1)}),
+                    ("deepseek-v3-tiny", {"moe_intermediate_size": 1024}, small("h200-2", 2),
+                     {("moe_down_add", 3)})]
+
+
+@pytest.mark.parametrize(("name", "overrides", "target", "split"), FIRST_PAGE_STEPS)
+def test_first_page_staged_first_on_the_host(tmp_path: Path, name: str, overrides: dict,
+                                             target: Any, split: set) -> None:
+    """A tile task that converts its first page's digits, runs that page, then converts the
+    rest (tile_task with stage_digits over two ranges of blocks), against the interpreter."""
+    spec = fp8_spec(name, overrides)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20,
+                                                    {**MMA, "page_kb": 16})
+    assert first_page_first(program) >= split
+    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
+
+
 @pytest.mark.parametrize(("name", "overrides", "target"), [
     ("llama-tiny", WIDE, small("h200-48", 48)),
     ("deepseek-v3-tiny", {"moe_intermediate_size": 1024}, small("h200-5", 5))])
