@@ -379,6 +379,8 @@ __device__ __forceinline__ bool adds_residual(const int* t) {
   return t[F_OPCODE] == OP_MATVEC_ADD;
 }
 __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
+// The sums of an output row: a gate/up pair's two (EPI_SILU_MUL), else one.
+__device__ __forceinline__ int row_halves(const int* t) { return t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1; }
 #if FP8_MMA  // an FP8 tile task's geometry (tile_pages)
 // The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
 // tile_segments); a tile is 64 / S rows.
@@ -403,7 +405,7 @@ __device__ __forceinline__ int tile_units(const int* t) {
 // A piece's units over all the task's tiles (a gate/up task's rows have a gate and an up tile),
 // which stream one piece after another (copy_pieces).
 __device__ __forceinline__ int piece_units(const int* t) {
-  return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * (t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1) *
+  return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * row_halves(t) *
          tile_units(t);
 }
 #endif
@@ -2096,31 +2098,35 @@ __device__ __forceinline__ int first_page_blocks(const int* t, int rpp) {
 // A tile task's input staged (ready digits copied in, or converted: stage_digits, the first
 // page's blocks before that page where first_page_blocks says so) and its pages run; then the
 // warpgroups' sums added up in warpgroup order (tile_pages).
-__device__ __forceinline__ void tile_task(const Params& p, Shared& s, const int* t, int rb, int rpp, int halves,
-                                          uint32_t& consumed, int lane, int group, int gw, int ct) {
-  const int blocks = t[F_K] / FP8_BLOCK_COLS, units = stream_rows(t);
+__device__ __forceinline__ void tile_task(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+  // one round, or two: the first page's blocks and page, then the rest. One copy of each loop in
+  // the code, and only the round held across the pages: the bounds are read from the task again
+  // (two calls of each, or the bounds in registers, took registers the kernel has not got).
+  for (int round = 0;; ++round) {
+    const int blocks = t[F_K] / FP8_BLOCK_COLS, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+    const int halves = row_halves(t), lane = ct & 31, warp = ct >> 5;
+    const int group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
 #if READY_DIGITS
-  const bool ready = t[F_DIGITS_IN] >= 0;
+    const bool ready = t[F_DIGITS_IN] >= 0;
 #else
-  constexpr bool ready = false;
+    constexpr bool ready = false;
 #endif
-  // one round, or two: the first page's blocks and page, then the rest (one copy of each loop
-  // in the code: two calls of each would take registers the kernel has not got)
-  for (int b0 = 0, b1 = ready ? blocks : first_page_blocks(t, rpp); b0 < blocks; b0 = b1, b1 = blocks) {
+    const int split = ready ? blocks : first_page_blocks(t, rpp);
 #if READY_DIGITS
     if (ready)
       stage_ready_digits(p, s, t, ct);
     else
 #endif
-      stage_digits(p, s, t, b0, b1, ct);
-    const int u0 = b0 == 0 ? 0 : rpp, u1 = b1 == blocks ? units : rpp;
+      stage_digits(p, s, t, round ? split : 0, round || split == blocks ? blocks : split, ct);
+    const int u0 = round ? rpp : 0, u1 = round || split == blocks ? stream_rows(t) : rpp;
     if (tile_segments(tile_k(t)) == 8)
       tile_pages<8>(p, s, t, u0, u1, rb, rpp, halves, consumed, lane, group, gw);
     else
       tile_pages<4>(p, s, t, u0, u1, rb, rpp, halves, consumed, lane, group, gw);
+    if (round || split == blocks) break;
   }
   compute_sync();  // every warpgroup's sums are in
-  const int sums_n = (t[F_ROW1] - t[F_ROW0]) * halves;
+  const int sums_n = (t[F_ROW1] - t[F_ROW0]) * row_halves(t);
   for (int i = ct; i < sums_n; i += COMPUTE_WARPS * 32) {
     float v = s.acc[i];
     for (int k = 1; k < TILE_WARPGROUPS; ++k) v += tile_sums(s, sums_n, k)[i];
@@ -2338,7 +2344,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
 #endif
   const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = epi == EPI_SILU_MUL ? 2 : 1;
+  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = row_halves(t);
   for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
 #if FP8_MMA  // and the other warpgroups' sums of a tile task (tile_pages)
   if (t[F_W_FORMAT] == WF_FP8_TILES)
@@ -2359,7 +2365,7 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   // staging ends with a barrier, which also covers the zeroing above
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
-    tile_task(p, s, t, rb, rpp, halves, consumed, lane, group, gw, ct);
+    tile_task(p, s, t, consumed, ct);
   } else
 #endif
   {
