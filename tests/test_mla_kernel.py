@@ -200,6 +200,7 @@ def step_source() -> str:
           for f in ("has_weights", "normed", "adds_residual")),
         k.definition("__device__ __forceinline__ const uint8_t* task_weights("),
         k.line("__device__ __forceinline__ int rows_per_page"),
+        k.line("__device__ __forceinline__ int row_halves"),
         "#if FP8_MMA", k.line("__device__ __forceinline__ int tile_segments"),
         k.definition("__device__ __forceinline__ int tile_pieces"),
         k.line("__device__ __forceinline__ int tile_k"),
