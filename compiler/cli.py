@@ -113,7 +113,9 @@ WEIGHT_DTYPE = click.option(
                    "fp8_mma=0 or 1 (FP8 projections as rows on the CUDA cores or as tiles on the "
                    "tensor cores; by default whichever the cost model predicts faster), or "
                    "ready_digits=0 (each FP8 tile task converts its input to "
-                   "digits itself, rather than the projection that makes it writing them).")
+                   "digits itself, rather than the projection that makes it writing them), or "
+                   "first_page_digits=1 (an FP8 tile task that converts its input converts what "
+                   "its first ring page reads first, the rest after that page).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:
@@ -308,7 +310,8 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
               "table and timeline.png.")
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="Compile with a schedule knob set (compute_warps, page_kb, page_groups, "
-                   "attn_chunks, router_tasks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1) "
+                   "attn_chunks, router_tasks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1, "
+                   "first_page_digits=0/1) "
                    "instead of the "
                    "passes' choice (repeatable).")
 @click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",

@@ -60,6 +60,11 @@ class CompileOptions:
     # converted by every consumer (passes/digits.py). None: wherever there are FP8 tiles; True:
     # asked for, and refused without FP8 tiles; False: every consumer converts its input.
     ready_digits: bool | None = None
+    # An FP8 tile task that converts its input converts the blocks its first ring page reads,
+    # runs that page, then converts the rest (decode.cuh: first_page_blocks), so that its ring
+    # refills during the conversion; off until measured on the GPU. True: asked for, and refused
+    # without FP8 tiles.
+    first_page_digits: bool = False
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -71,8 +76,8 @@ class CompileOptions:
 # CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
 # among them are on or off
 TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "router_tasks",
-                "ffn_split_k", "fp8_mma", "ready_digits")
-TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits")
+                "ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits")
 
 
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,7 +49,8 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     """Run every pass over the decode-step graph of `spec` and return the scheduled program.
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
-    `attn_chunks`, `router_tasks`, `ffn_split_k`, `fp8_mma`, `ready_digits`), for experiments.
+    `attn_chunks`, `router_tasks`, `ffn_split_k`, `fp8_mma`, `ready_digits`,
+    `first_page_digits`), for experiments.
 
     Unless `fp8_mma` or `ready_digits` asks for tiles, a program with FP8 tiles is scheduled a
     second time with FP8 rows on the CUDA cores, and the one the cost model predicts faster is

@@ -88,11 +88,20 @@ def test_tilelang_backend_refuses_it(tmp_path: Path) -> None:
                 CompileOptions(backend="tilelang", fp8_mma=True))
 
 
-def test_it_compiles_without_spills(tmp_path: Path) -> None:
+def test_first_page_digits_without_tiles_is_refused() -> None:
+    spec = with_weight_dtype(tilertc.load_spec("llama-3.2-1b"), "bf16")
+    with pytest.raises(ScheduleError, match="first_page_digits.*no FP8 tiles"):
+        codegen.constants(make_program(spec, tuning={"first_page_digits": True}))
+
+
+@pytest.mark.parametrize("first_page", [False, True])
+def test_it_compiles_without_spills(tmp_path: Path, first_page: bool) -> None:
     needs_nvcc()
-    out = compile(fp8_spec("llama-tiny", WIDE), tmp_path, CompileOptions(fp8_mma=True))
+    out = compile(fp8_spec("llama-tiny", WIDE), tmp_path,
+                  CompileOptions(fp8_mma=True, first_page_digits=first_page))
     kernel = json.loads((out / "manifest.json").read_text())["kernel"]
     assert kernel["constants"]["FP8_MMA"] == 1
+    assert kernel["constants"].get("FIRST_PAGE_DIGITS", 0) == first_page
     assert kernel["ptxas"]["spill_stores"] == 0 and kernel["ptxas"]["stack_bytes"] == 0
 
 
@@ -219,9 +228,12 @@ def test_moe_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: d
 
 def first_page_first(program: Program) -> set[tuple[str, int]]:
     """(opcode, pieces) of the tile tasks that convert their first page's blocks before that page
-    and the rest after it (decode.cuh: first_page_blocks): an un-normed task that converts its
-    input whose page holds less than a tile of one piece, or less than a piece's units."""
+    and the rest after it (decode.cuh: first_page_blocks), where the first_page_digits knob asks:
+    an un-normed task that converts its input whose page holds less than a tile of one piece, or
+    less than a piece's units."""
     page, split = program.config["page_bytes"], set()
+    if not program.config["tuning"].get("first_page_digits"):
+        return split
     for t in program.tasks:
         op = program.graph.op(t.op)
         if not is_tiled(program, op) or op.opcode == "norm_matvec" or op.attrs.get("ready_digits"):
@@ -252,8 +264,8 @@ def test_first_page_staged_first_on_the_host(tmp_path: Path, name: str, override
     """A tile task that converts its first page's digits, runs that page, then converts the
     rest (tile_task with stage_digits over two ranges of blocks), against the interpreter."""
     spec = fp8_spec(name, overrides)
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20,
-                                                    {**MMA, "page_kb": 16})
+    tuning = {**MMA, "page_kb": 16, "first_page_digits": True}
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, tuning)
     assert first_page_first(program) >= split
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
 

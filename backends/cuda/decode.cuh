@@ -18,6 +18,9 @@
 #ifndef FP8_MMA  // the prelude defines it in FP8 kernels compiled with --tune fp8_mma=1
 #define FP8_MMA 0
 #endif
+#ifndef FIRST_PAGE_DIGITS  // the prelude defines it where --tune first_page_digits=1 asks (first_page_blocks)
+#define FIRST_PAGE_DIGITS 0
+#endif
 #ifndef READY_DIGITS  // the prelude defines it where producers write FP8 tile inputs' digits
 #define READY_DIGITS 0
 #endif
@@ -2088,10 +2091,11 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int begin, 
 // 18432: 5.9; docs/performance.md, session 43). A page holds units part 0.. of the first tile
 // (columns [0, C parts) of every segment) or of the first piece's tiles, so its blocks are a
 // prefix of that order. A normed task's 1/rms needs every block's squares before its staging
-// ends, and with several page groups the first pages run at once: those stage whole.
+// ends, and with several page groups the first pages run at once: those stage whole. Only where
+// FIRST_PAGE_DIGITS asks (--tune first_page_digits=1), until measured on the GPU.
 __device__ __forceinline__ int first_page_blocks(const int* t, int rpp) {
   const int blocks = t[F_K] / FP8_BLOCK_COLS, k = tile_k(t), C = unit_cols(t), per_tile = tile_units(t);
-  if (PAGE_GROUPS > 1 || normed(t) || rpp >= piece_units(t) || (rpp >= per_tile && tile_pieces(t) == 1)) return blocks;
+  if (!FIRST_PAGE_DIGITS || PAGE_GROUPS > 1 || normed(t) || rpp >= piece_units(t) || (rpp >= per_tile && tile_pieces(t) == 1)) return blocks;
   return tile_segments(k) * min(rpp, per_tile) * C / FP8_BLOCK_COLS;
 }
 
