@@ -9,12 +9,15 @@ gets 32 chunks per group instead of 17.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
+from test_fp8_kernel import needs_nvcc
 from test_mla_kernel import assert_step_matches, random_host_step
 
 import tilertc
+from tilertc.driver import CompileOptions, compile
 from tilertc.ir.target import get_target
 from tilertc.passes import tiling
 from tilertc.passes.pipeline import make_program
@@ -90,3 +93,12 @@ def test_eight_query_heads_a_kv_head_on_the_host_is_the_interpreters(tmp_path: P
     assert program.graph.op("layers.0.attention").attrs["tile"]["chunks"] > 1
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
 
+
+def test_the_readme_model_compiles_without_spills(tmp_path: Path) -> None:
+    """llama-3.2-1b as the README's main job compiles it: the merge's loops start from an opaque
+    thread index, so that their first addresses are not held (and spilled) through the kernel
+    (12 B spilled before, docs/performance.md, session 44)."""
+    needs_nvcc()
+    out = compile(tilertc.load_spec("llama-3.2-1b"), tmp_path, CompileOptions())
+    ptxas = json.loads((out / "manifest.json").read_text())["kernel"]["ptxas"]
+    assert ptxas.get("spill_stores", 0) == 0 and ptxas.get("stack_bytes", 0) == 0, ptxas

@@ -46,6 +46,8 @@ def page_stamps(index: str) -> str:
     return spare_words("PROBE_PAGES * 4", f"({index}) * 4")
 
 
+# the end of a task's staging, stamped in place of its start
+STAGED = "    if (ct == 0 && probe_stamp[blockIdx.x]) probe_stamp[blockIdx.x][0] = now_ns();\n"
 # (old, new) edits of decode.cuh's text in kernel.cu; PROBE_PAGES is the variant's #define
 LOADER_ISSUE = "        uint8_t* page = start_page(p, s, issued, bytes, full);\n" \
                "        if (!page) goto drain;\n"
@@ -63,16 +65,17 @@ EDITS = [
     ("      release_page(s, slot);\n    }\n  }\n  consumed = page_index;\n",
      "      release_page(s, slot);\n    }\n    if (probe) probe[3] = now_ns();\n  }\n"
      "  consumed = page_index;\n"),
-    ("__device__ void run_matvec(",
+    ("__device__ __forceinline__ void release_page(",
      "__device__ unsigned long long* probe_stamp[1024];  // per CTA: its task's stamps, or null\n"
-     "__device__ void run_matvec("),
+     "__device__ __forceinline__ void release_page("),
     ("      if (stamp) stamp[1] = now_ns();\n",
      "      if (stamp) stamp[1] = now_ns();\n"
      "      if (ct == 0) probe_stamp[blockIdx.x] = stamp;\n"),
-    ("    stage_vector(p, s, t, ct);\n  matvec_pages(",
-     "    stage_vector(p, s, t, ct);\n"
-     "  if (ct == 0 && probe_stamp[blockIdx.x]) probe_stamp[blockIdx.x][0] = now_ns();\n"
-     "  matvec_pages("),
+    ("    stage_vector(p, s, t, ct);\n    matvec_pages(",
+     "    stage_vector(p, s, t, ct);\n" + STAGED + "    matvec_pages("),
+    # an FP8 tile task: its first round's staging (the whole input, or its first page's blocks)
+    ("    const int u0 = round ? rpp : 0,",
+     "    if (round == 0)\n  " + STAGED + "    const int u0 = round ? rpp : 0,"),
 ]
 
 

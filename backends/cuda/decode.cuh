@@ -18,9 +18,6 @@
 #ifndef FP8_MMA  // the prelude defines it in FP8 kernels compiled with --tune fp8_mma=1
 #define FP8_MMA 0
 #endif
-#ifndef FIRST_PAGE_DIGITS  // the prelude defines it where --tune first_page_digits=1 asks (first_page_blocks)
-#define FIRST_PAGE_DIGITS 0
-#endif
 #ifndef READY_DIGITS  // the prelude defines it where producers write FP8 tile inputs' digits
 #define READY_DIGITS 0
 #endif
@@ -2094,9 +2091,14 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int begin, 
 // ends, and with several page groups the first pages run at once: those stage whole. Only where
 // FIRST_PAGE_DIGITS asks (--tune first_page_digits=1), until measured on the GPU.
 __device__ __forceinline__ int first_page_blocks(const int* t, int rpp) {
-  const int blocks = t[F_K] / FP8_BLOCK_COLS, k = tile_k(t), C = unit_cols(t), per_tile = tile_units(t);
-  if (!FIRST_PAGE_DIGITS || PAGE_GROUPS > 1 || normed(t) || rpp >= piece_units(t) || (rpp >= per_tile && tile_pieces(t) == 1)) return blocks;
+  const int blocks = t[F_K] / FP8_BLOCK_COLS;
+#if FIRST_PAGE_DIGITS
+  const int k = tile_k(t), C = unit_cols(t), per_tile = tile_units(t);
+  if (PAGE_GROUPS > 1 || normed(t) || rpp >= piece_units(t) || (rpp >= per_tile && tile_pieces(t) == 1)) return blocks;
   return tile_segments(k) * min(rpp, per_tile) * C / FP8_BLOCK_COLS;
+#else
+  return blocks;
+#endif
 }
 
 // A tile task's input staged (ready digits copied in, or converted: stage_digits, the first
@@ -2763,7 +2765,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   for (int i = ct; i < PART; i += COMPUTE_WARPS * 32) {
     float v = 0.f;
     if (i % (HEAD_DIM + 2) == HEAD_DIM)
-      v = chunk_max[i / (HEAD_DIM + 2)];
+      v = chunk_max[opaque(i) / (HEAD_DIM + 2)];
     else
       for (int b = 0; b < WARP_SLOTS; ++b) v += out[b * PART + i];
     __stcg(parts + c * PART + i, v);
@@ -2791,7 +2793,9 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
     return static_cast<const float*>(staged + lead);
   };
   const float* batch = stage(0);
-  for (int i = ct; i < chunks * GROUP; i += COMPUTE_WARPS * 32) {
+  // (opaque here and at the chunk's max above: their first addresses, hoisted out of the step
+  // loop, were held through the kernel and spilled: llama-3.2-1b, qwen3-32b FP8, session 44)
+  for (int i = opaque(ct); i < chunks * GROUP; i += COMPUTE_WARPS * 32) {
     const float* pk = parts + (i / GROUP) * PART + (i % GROUP) * (HEAD_DIM + 2) + HEAD_DIM;
     stats[2 * i] = __ldcg(pk);
     stats[2 * i + 1] = __ldcg(pk + 1);
