@@ -284,6 +284,8 @@ def constants(program: Program) -> dict[str, object]:
     ffn = {"FFN_SPLIT_K": 1, "FIXED_FRAC_BITS": FIXED_FRAC_BITS} if split_k else {}
     # and the ready digits' (passes/digits.py) only in kernels whose schedule has them
     ready = any(op.attrs.get("ready_digits") for op in program.graph.ops())
+    # and the L2 prefetch's (passes/prefetch.py) only where a task prefetches
+    prefetch = any(op.attrs.get("l2_pages") for op in program.graph.ops())
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -299,6 +301,7 @@ def constants(program: Program) -> dict[str, object]:
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),
         **ffn,
         **({"READY_DIGITS": 1} if ready else {}),
+        **({"L2_PREFETCH": 1} if prefetch else {}),
         "SAMPLE_K": K_MAX,
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),

@@ -67,6 +67,9 @@ enum Field : int {
   F_DIGITS_K,       // that consumer's input length
   F_DIGITS_GAMMA,   // that consumer's norm weight (act offset); -1: it does not normalize
 #endif
+#if L2_PREFETCH  // passes/prefetch.py
+  F_L2_PAGES,       // the weight pages past its first that the loader asks L2 for on reaching it
+#endif
 #if TP > 1  // a task that exchanges with the other ranks (tensor parallelism, see exchange)
   F_XCHG,         // its exchange counter, -1: none
   F_XCHG_BUF,     // act offset of its receive buffer: one slot per rank
@@ -642,6 +645,17 @@ __device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t&
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
+#if L2_PREFETCH
+// Asks L2 for pages 1..n of a task's weights (passes/prefetch.py: on reaching an MLA o_proj task,
+// whose later pages the ring takes only once compute has left MLA's latency-bound chain): a bulk
+// prefetch a page, nothing to wait for; the ring's copies of those pages then read L2.
+__device__ __forceinline__ void prefetch_pages(const uint8_t* src, int rows, int rb, int rpp, int n) {
+  for (int r = rpp; r < rows && r <= n * rpp; r += rpp)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + static_cast<long long>(r) * rb),
+                 "r"(min(rpp, rows - r) * rb)
+                 : "memory");
+}
+#endif
 __device__ void run_loader(const Params& p, Shared& s) {
   if ((threadIdx.x & 31) != 0) return;
   const int begin = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1];
@@ -677,6 +691,9 @@ __device__ void run_loader(const Params& p, Shared& s) {
       const int lrb = routed ? loaded_row_bytes(t, piece) : rb;
 #else
       const int lrb = rb;
+#endif
+#if L2_PREFETCH
+      if (t[F_L2_PAGES] > 0) prefetch_pages(src, rows, rb, rpp, t[F_L2_PAGES]);
 #endif
       for (int r = 0; r < rows; r += rpp) {
         const uint32_t bytes = min(rpp, rows - r) * lrb;
