@@ -458,3 +458,34 @@ def test_gpu_ready_digits_token_loop_equals_single_steps(ready_engine) -> None:
     from test_cuda_kernel import test_token_loop_equals_single_steps
 
     test_token_loop_equals_single_steps(ready_engine, near_tie=0.0)
+
+
+# first-page digits (decode.cuh: first_page_blocks) with 16 KB pages and every tile task converting
+# its own input, so that the downs (and llama-3.2-1b's o_proj) run their first page early
+FIRST_PAGE_GPU_MODELS = ["llama-3.2-1b", "llama-tiny-k1536"]
+
+
+@pytest.fixture(scope="module", params=FIRST_PAGE_GPU_MODELS)
+def first_page_engine(request, tmp_path_factory):
+    from test_cuda_kernel import compiled_engine
+
+    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8", fp8_mma=True,
+                           ready_digits=False, first_page_digits=True, page_kb=16)
+
+
+@pytest.mark.gpu
+def test_gpu_first_page_digits_teacher_forced_logits_match_interpreter(first_page_engine) -> None:
+    """A tile task's first page run between its two conversions, on the GPU (the second
+    conversion's stores against the first page's wgmma reads, the barrier between): the logits
+    step by step within the FP8 tests' tolerances of the interpreter's."""
+    from test_cuda_kernel import check_teacher_forced
+
+    assert first_page_engine.m["kernel"]["constants"]["FIRST_PAGE_DIGITS"] == 1
+    check_teacher_forced(first_page_engine)
+
+
+@pytest.mark.gpu
+def test_gpu_first_page_digits_token_loop_equals_single_steps(first_page_engine) -> None:
+    from test_cuda_kernel import test_token_loop_equals_single_steps
+
+    test_token_loop_equals_single_steps(first_page_engine, near_tie=0.0)

@@ -88,3 +88,20 @@ def test_a_step_with_the_prefetch_field_on_the_host_is_the_interpreters(tmp_path
                                                     {"l2_prefetch_pages": 2})
     assert prefetching(program)
     assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"))
+
+
+@pytest.fixture(scope="module", params=["deepseek-v3.2-tiny", "glm-5-tiny"])
+def prefetch_engine(request, tmp_path_factory):
+    from test_cuda_kernel import compiled_engine
+
+    return compiled_engine(request.param, tmp_path_factory, l2_prefetch_pages=2)
+
+
+@pytest.mark.gpu
+def test_gpu_prefetching_kernel_logits_match_interpreter(prefetch_engine) -> None:
+    """The loader's bulk prefetches (their addresses and sizes: a bad one faults) in the whole
+    kernel, whose logits stay the interpreter's."""
+    from test_cuda_kernel import check_teacher_forced
+
+    assert prefetch_engine.m["kernel"]["constants"]["L2_PREFETCH"] == 1
+    check_teacher_forced(prefetch_engine)
