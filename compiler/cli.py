@@ -116,8 +116,8 @@ WEIGHT_DTYPE = click.option(
                    "digits itself, rather than the projection that makes it writing them), or "
                    "first_page_digits=1 (an FP8 tile task that converts its input converts what "
                    "its first ring page reads first, the rest after that page), or "
-                   "l2_prefetch_pages=N (MLA o_proj tasks ask L2 for N weight pages ahead of the "
-                   "ring).")
+                   "l2_prefetch_pages=N (MLA q_b_proj and o_proj tasks ask L2 for N weight pages "
+                   "ahead of the ring).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:

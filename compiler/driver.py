@@ -65,8 +65,8 @@ class CompileOptions:
     # refills during the conversion; off until measured on the GPU. True: asked for, and refused
     # without FP8 tiles.
     first_page_digits: bool = False
-    # MLA o_proj tasks ask L2 for this many of their weight pages past the ring's when the
-    # loader reaches them (passes/prefetch.py); None: none, until measured on the GPU.
+    # MLA q_b_proj and o_proj tasks ask L2 for this many of their weight pages past the first
+    # when the loader reaches them (passes/prefetch.py); None: none, until measured on the GPU.
     l2_prefetch_pages: int | None = None
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.

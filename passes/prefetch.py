@@ -1,21 +1,27 @@
 """L2 prefetch: which tasks ask L2 for their weight pages before the ring can take them.
 
 An SM's ring holds two pages (passes/residency.py), so the loader runs at most two pages ahead
-of compute. Where compute waits on a chain of small, latency-bound ops, HBM idles: in an MLA
-layer the q absorption, the DSA indexer, attention and the v expansion stream ~17 MB in ~40 µs
-on an H200 (DeepSeek-V3.2, docs/performance.md, session 43), and the loader, which issued
-o_proj's first page early in that chain, then waits for a free slot. o_proj streams 100-118 MB
-after it, HBM-bound. So the loader, on reaching an o_proj task, asks L2
-(`cp.async.bulk.prefetch.L2`) for the task's next `l2_pages` pages, which then arrive from L2
-when their slots free up instead of from HBM while o_proj runs (decode.cuh: run_loader).
+of compute, and where compute is latency-bound HBM idles. An MLA layer has two such stretches
+before a large projection (DeepSeek-V3.2 MoE layer on an H200, docs/performance.md, sessions
+41-43):
+- the input projection (16 MB, ~10 µs a task: its staging and norm), then q_b_proj (~50 MB in
+  ~18 µs, 2.8 TB/s);
+- the q absorption, the DSA indexer, attention and the v expansion (~17 MB in ~40 µs), then
+  o_proj (100-118 MB, HBM-bound, ~36 µs).
+The loader reaches the projection's task early in the stretch (it needs no input to load
+weights), takes its first page into the ring and then waits for a free slot. So there it asks
+L2 (`cp.async.bulk.prefetch.L2`) for the task's next `l2_pages` pages, which then come from L2
+when their slots free up instead of from HBM while the projection runs (decode.cuh:
+run_loader, prefetch_pages).
 
 Decides, where the `l2_prefetch_pages` knob asks (N > 0; off by default until measured on the
 GPU: session 27's prefetches into L2, issued on every page of a steadily streaming kernel, made
-llama-3.1-8b FP8 slower): for each MLA layer's o_proj (the `matvec_add` that reads the v
-expansion), that its tasks prefetch their pages 1..N (page 0 goes to the ring at once), as many
-as keep the op's prefetched bytes within half of L2 (the rest of it holds the activations, the
-latent cache rows attention reads and the chain's own streams, which pass through it
-evict-first). The op's `l2_pages` attr; encode.py writes it as the tasks' `l2_pages` field.
+llama-3.1-8b FP8 slower): that each MLA layer's q_b_proj (the norm_matvec of the q LoRA's second
+half, which the q absorption reads) and o_proj (the matvec_add of the v expansion's output)
+tasks prefetch their pages 1..N (page 0 goes to the ring at once), as many as keep an op's
+prefetched bytes within half of L2 (the rest of it holds the activations, the latent cache rows
+attention reads and the stretch's own streams, which pass through it evict-first). The op's
+`l2_pages` attr; encode.py writes it as the tasks' `l2_pages` field.
 """
 
 from __future__ import annotations
@@ -25,11 +31,17 @@ from tilertc.passes.program import Program, ScheduleError
 L2_SHARE = 2  # the prefetched pages of one op take at most 1 / L2_SHARE of L2
 
 
-def _after_v_expansion(program: Program, op) -> bool:
-    """Whether `op` is an MLA layer's o_proj: a matvec_add of the v expansion's output."""
+def _after_latency_bound(program: Program, op) -> bool:
+    """Whether `op` is an MLA layer's q_b_proj (a norm_matvec of the input projection's output,
+    read by the q absorption) or o_proj (a matvec_add of the v expansion's output)."""
     g = program.graph
-    return op.opcode == "matvec_add" and any(
-        src.opcode == "head_matvec" and "merges" in src.attrs for src in g.producers(op.name))
+    if op.opcode == "matvec_add":
+        return any(src.opcode == "head_matvec" and "merges" in src.attrs
+                   for src in g.producers(op.name))
+    return (op.opcode == "norm_matvec"
+            and any(src.opcode == "norm_matvec" for src in g.producers(op.name))
+            and any(dst.opcode == "head_matvec" and dst.attrs["io"]["x"][0] == op.name
+                    for dst in g.consumers(op.name)))
 
 
 def l2_prefetch(program: Program) -> Program:
@@ -38,21 +50,21 @@ def l2_prefetch(program: Program) -> Program:
         raise ScheduleError(f"l2_prefetch_pages={asked}: a page count, at least 0")
     if not asked:
         return program
-    ops = [op for op in program.graph.ops() if _after_v_expansion(program, op)]
+    ops = [op for op in program.graph.ops() if _after_latency_bound(program, op)]
     if not ops:
-        raise ScheduleError("l2_prefetch_pages prefetches MLA o_proj's pages into L2, but "
-                            f"{program.spec.name} has no MLA attention")
-    page = program.config["page_bytes"]
-    tasks = len(program.tasks_of(ops[0].name))
-    pages = min(asked, program.target.l2_bytes // L2_SHARE // (tasks * page))
-    if pages < 1:
-        program.decide("prefetch", f"none: a page of each of o_proj's {tasks} tasks is past "
-                       f"1/{L2_SHARE} of L2")
-        return program
+        raise ScheduleError("l2_prefetch_pages prefetches MLA q_b_proj's and o_proj's pages into "
+                            f"L2, but {program.spec.name} has no MLA attention")
+    page, share = program.config["page_bytes"], program.target.l2_bytes // L2_SHARE
+    chosen = {}
     for op in ops:
-        op.attrs["l2_pages"] = pages
-    program.decide("prefetch", f"{len(ops)} MLA o_proj ops: each task asks L2 for its pages "
-                   f"1-{pages} when the loader reaches it ({pages * tasks * page / 1e6:.1f} MB an "
-                   f"op, of {program.target.l2_bytes / 2**20:.0f} MiB of L2)"
-                   + (f"; {asked} asked, capped at 1/{L2_SHARE} of L2" if pages < asked else ""))
+        tasks = len(program.tasks_of(op.name))
+        pages = min(asked, share // (tasks * page))
+        if pages > 0:
+            op.attrs["l2_pages"] = pages
+            chosen[op.name.split(".")[-1]] = (pages, pages * tasks * page)
+    what = "; ".join(f"{name}: each task asks L2 for its pages 1-{n} when the loader reaches it "
+                     f"({b / 1e6:.1f} MB an op)" for name, (n, b) in sorted(chosen.items()))
+    program.decide("prefetch", f"{what or 'none: a page of every task is past the share'} "
+                   f"({len(ops)} MLA ops; {asked} pages asked, at most 1/{L2_SHARE} of L2's "
+                   f"{program.target.l2_bytes / 2**20:.0f} MiB an op)")
     return program

@@ -646,9 +646,9 @@ __device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t&
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
 #if L2_PREFETCH
-// Asks L2 for pages 1..n of a task's weights (passes/prefetch.py: on reaching an MLA o_proj task,
-// whose later pages the ring takes only once compute has left MLA's latency-bound chain): a bulk
-// prefetch a page, nothing to wait for; the ring's copies of those pages then read L2.
+// Asks L2 for pages 1..n of a task's weights (passes/prefetch.py: on reaching an MLA q_b_proj or
+// o_proj task, whose later pages the ring takes only once compute has left the latency-bound ops
+// before it): a bulk prefetch a page, nothing to wait for; the ring's copies then read L2.
 __device__ __forceinline__ void prefetch_pages(const uint8_t* src, int rows, int rb, int rpp, int n) {
   for (int r = rpp; r < rows && r <= n * rpp; r += rpp)
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + static_cast<long long>(r) * rb),
