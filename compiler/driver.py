@@ -65,6 +65,9 @@ class CompileOptions:
     # refills during the conversion; off until measured on the GPU. True: asked for, and refused
     # without FP8 tiles.
     first_page_digits: bool = False
+    # MLA's v expansion writes o_proj's input as ready digits (passes/tiling.py:
+    # writes_v_digits); off until measured on the GPU.
+    vexp_digits: bool = False
     # MLA q_b_proj and o_proj tasks ask L2 for this many of their weight pages past the first
     # when the loader reaches them (passes/prefetch.py); None: none, until measured on the GPU.
     l2_prefetch_pages: int | None = None
@@ -79,8 +82,9 @@ class CompileOptions:
 # CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
 # among them are on or off
 TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "router_tasks",
-                "ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits", "l2_prefetch_pages")
-TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits")
+                "ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits", "vexp_digits",
+                "l2_prefetch_pages")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits", "vexp_digits")
 
 
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -106,6 +106,9 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 TILE_BLOCK_COLS = 128  # the one scale block width tiles take: a unit is one or two blocks
 TILE_UNIT_MAX_COLS = 2 * TILE_BLOCK_COLS
 TILE_M = 64  # rows of the tensor cores' operand: a tile's rows x its segments
+# rows a producer of ready digits digitizes with one exponent (passes/digits.py; decode.cuh:
+# DIGIT_GROUP), so its tasks are whole groups
+DIGIT_GROUP_ROWS = 8
 
 
 def tile_segments(k: int) -> int | None:

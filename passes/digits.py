@@ -19,10 +19,12 @@ Decides, unless the `ready_digits` knob is 0 (on by default wherever there are F
 decode step was as fast or faster in every model measured, docs/performance.md, sessions 26-27;
 knob 1 refuses a schedule without FP8 tiles): for each tiled `norm_matvec` / `matvec_add` /
 `moe_gate_up` whose input is exactly the output of one tiled dense projection or MoE down
-projection (`PRODUCERS`; the MoE down's output is the next layer's attention input) at --tp 1, that
-the producer writes the digits (`digits_for`: the first reader) and every tiled op that reads
-that output reads them (`ready_digits`: the same name), when they all read it alike (a MoE
-layer's shared and routed gate/up: the same length and norm weight; otherwise none does);
+projection (`PRODUCERS`; the MoE down's output is the next layer's attention input), or, where
+the `vexp_digits` knob asks, of MLA's v expansion (o_proj's input; tiling.py: writes_v_digits,
+tasks of whole groups), at --tp 1, that the producer writes the digits (`digits_for`: the
+first reader) and every tiled op that reads that output reads them (`ready_digits`: the same
+name), when they all read it alike (a MoE layer's shared and routed gate/up: the same length
+and norm weight; otherwise none does);
 passes/residency.py gives each producer's digits one buffer, `<first reader>.digits`. The
 schedule verifier (verify.py) sees the producer's fp32 output,
 which it still writes and the consumer still waits for: the digits are written before the same
@@ -31,10 +33,10 @@ signal, so they are ordered as that output is.
 
 from __future__ import annotations
 
+from tilertc.ir.fp8 import DIGIT_GROUP_ROWS
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.tiling import DENSE_PROJECTIONS, is_tiled
+from tilertc.passes.tiling import DENSE_PROJECTIONS, is_tiled, writes_v_digits
 
-GROUP_ROWS = 8  # rows a producer digitizes with one exponent (decode.cuh: DIGIT_GROUP)
 # the tiled projections whose output can be written as digits: the dense ones and the MoE down
 # (a MoE layer's output, which the next layer's attention input projection normalizes)
 PRODUCERS = (*DENSE_PROJECTIONS, "moe_down_add")
@@ -49,7 +51,7 @@ def digits_floats(op) -> int:
     """fp32 words of a ready-digit consumer's buffer: 4 digit bytes per column, an int8
     exponent per group, and a normalizing consumer's per-group sums of squares."""
     k = op.attrs["K"]
-    return k + k // GROUP_ROWS // 4 + (k // GROUP_ROWS if normalizes(op) else 0)
+    return k + k // DIGIT_GROUP_ROWS // 4 + (k // DIGIT_GROUP_ROWS if normalizes(op) else 0)
 
 
 def _producer(program: Program, op):
@@ -62,10 +64,11 @@ def _producer(program: Program, op):
     if op.attrs.get("in_offset"):
         return None
     src = [o for o in g.producers(op.name) if x in o.outputs]
-    if len(src) != 1 or src[0].opcode not in PRODUCERS or src[0].outputs[0] != x:
+    if len(src) != 1 or src[0].outputs[0] != x:
         return None
     src = src[0]
-    if not is_tiled(program, src) or src.attrs["rows"] != op.attrs["K"]:
+    if (not (src.opcode in PRODUCERS and is_tiled(program, src) or writes_v_digits(program, src))
+            or src.attrs["rows"] != op.attrs["K"]):
         return None
     # (a matvec_add that adds x as its residual reads its fp32 values, which stay)
     readers = [o for o in g.consumers(src.name) if o.inputs[0] == x and is_tiled(program, o)]
@@ -76,6 +79,11 @@ def _producer(program: Program, op):
 
 def ready_digits(program: Program) -> Program:
     asked = program.config["tuning"].get("ready_digits")
+    if program.config["tuning"].get("vexp_digits") and not any(
+            writes_v_digits(program, op) for op in program.graph.ops()):
+        raise ScheduleError("vexp_digits has MLA's v expansion write o_proj's input as digits: "
+                            "it needs MLA attention, o_proj as FP8 tiles (--weight-dtype fp8, "
+                            "--tp 1) and ready digits on")
     if asked is False:
         return program
     tiled = [op for op in program.graph.ops()
@@ -92,10 +100,10 @@ def ready_digits(program: Program) -> Program:
         if found is None:
             continue
         src, readers = found
-        if any((t.rows[1] - t.rows[0]) % GROUP_ROWS or t.rows[0] % GROUP_ROWS
+        if any((t.rows[1] - t.rows[0]) % DIGIT_GROUP_ROWS or t.rows[0] % DIGIT_GROUP_ROWS
                for t in program.tasks_of(src.name)):
             raise ScheduleError(f"op {src.name!r}: a task's rows are not whole groups of "
-                                f"{GROUP_ROWS}, which ready digits need")
+                                f"{DIGIT_GROUP_ROWS}, which ready digits need")
         # one buffer, named after its first reader, which the producer writes for all
         src.attrs["digits_for"] = readers[0].name
         op.attrs["ready_digits"] = readers[0].name

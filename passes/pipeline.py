@@ -21,6 +21,8 @@ from tilertc.passes.tiling import has_tiles, tile
 
 # how make_program's decision between FP8 tiles and rows begins (the compile summary shows it)
 FP8_PATH = "FP8 projections as "
+# the knobs that, asked for, need FP8 tiles (and so skip make_program's choice of rows)
+NEEDS_TILES = ("ready_digits", "first_page_digits", "vexp_digits")
 
 PASSES = [
     shard,  # per-rank shard of every op under tensor parallelism
@@ -52,9 +54,9 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
     `attn_chunks`, `router_tasks`, `ffn_split_k`, `fp8_mma`, `ready_digits`,
-    `first_page_digits`, `l2_prefetch_pages`), for experiments.
+    `first_page_digits`, `vexp_digits`, `l2_prefetch_pages`), for experiments.
 
-    Unless `fp8_mma` or `ready_digits` asks for tiles, a program with FP8 tiles is scheduled a
+    Unless `fp8_mma` or one of `NEEDS_TILES` asks for tiles, a program with FP8 tiles is scheduled a
     second time with FP8 rows on the CUDA cores, and the one the cost model predicts faster is
     kept: tiles stream at the full share of bandwidth but stage their input as digits, which
     a model of many small tasks pays more often than its bytes repay (qwen3-30b-a3b on the H200:
@@ -62,7 +64,8 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
     tiles faster; docs/performance.md, session 31, where the model orders all of them so)."""
     tuning = dict(tuning or {})
     program = run_passes(spec, target, tp, max_seq_len, tuning)
-    if tuning.get("fp8_mma") is not None or tuning.get("ready_digits") or not has_tiles(program):
+    if (tuning.get("fp8_mma") is not None or any(tuning.get(k) for k in NEEDS_TILES)
+            or not has_tiles(program)):
         return program
     rows = run_passes(spec, target, tp, max_seq_len, tuning | {"fp8_mma": False})
     tiles_ms, rows_ms = step_ns(program) / 1e6, step_ns(rows) / 1e6

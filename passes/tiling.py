@@ -52,6 +52,7 @@ from __future__ import annotations
 import networkx as nx
 
 from tilertc.ir.fp8 import (
+    DIGIT_GROUP_ROWS,
     TILE_BLOCK_COLS,
     packed_row_bytes,
     tile_rows,
@@ -169,6 +170,19 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
         and w.shape[0] % tile_rows(k) == 0 for w in ws)
 
 
+def writes_v_digits(program: Program, op) -> bool:
+    """Whether `op` is MLA's v expansion and writes o_proj's input as ready digits: where the
+    `vexp_digits` knob asks (off until measured on the GPU; docs/performance.md, session 43: the
+    layer's end 0.8-2.4 µs sooner, the bench within its spread), ready digits are not off and
+    o_proj streams FP8 tiles. Its tasks are then whole groups of DIGIT_GROUP_ROWS rows, which a
+    producer of digits needs (passes/digits.py)."""
+    tuning = program.config["tuning"]
+    return (bool(tuning.get("vexp_digits")) and tuning.get("ready_digits") is not False
+            and op.opcode == "head_matvec" and "merges" in op.attrs
+            and any(c.opcode == "matvec_add" and c.inputs[0] == op.outputs[0]
+                    and _fp8_tiles_fit(program, c) for c in program.graph.consumers(op.name)))
+
+
 def is_tiled(program: Program, op) -> bool:
     """Whether tiling chose FP8 tiles for the weights of `op` (`_fp8_tiles_fit`)."""
     return (op.opcode in (*MATVEC, *ROUTED)
@@ -238,7 +252,8 @@ def _tile_rows(program: Program, op) -> None:
     for w in _weights(op) if tiled else ():
         program.graph.tensors[w].attrs["tiled"] = True
     rows, rb = op.attrs["rows"], row_bytes(program, op)
-    quantum = tile_rows(op.attrs["K"]) if tiled else 1
+    quantum = (tile_rows(op.attrs["K"]) if tiled
+               else DIGIT_GROUP_ROWS if writes_v_digits(program, op) else 1)
     sms, beside = sms_beside(program, op)
     narrowed = router_sms(program, op, sms) if is_router(program, op) else sms
     router, sms = narrowed < sms, narrowed
@@ -265,7 +280,9 @@ def _tile_rows(program: Program, op) -> None:
                        ", the first (which also appends the latent row) a smaller share"
                        if appends and bounds[1] < max(sizes) else "") + (
                        f", FP8 tiles of {quantum} rows for the tensor cores (units of "
-                       f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else "") + (
+                       f"{tile_unit_cols(op.attrs['K'])} columns)" if tiled else
+                       f", whole groups of {quantum} rows: it writes its consumer's digits"
+                       if quantum > 1 else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
                        f", beside {partner} (by bytes)" if partner else "") + (
                        f", on {n} SMs: the ops that start with it run beside it" if router else ""))

@@ -103,6 +103,11 @@ VARIANTS = {
     # and down projections as FP8 tiles
     "deepseek-v3-tiny-tiled-moe": ("deepseek-v3-tiny", {"hidden_size": 1024,
                                                         "moe_intermediate_size": 512}),
+    # the same with an o_proj that tiles too (8 heads of 64 value dims: K = 512), so that the v
+    # expansion can write its digits (tests/test_fp8_mma.py: vexp_digits)
+    "deepseek-v3-tiny-tiled-o-proj": ("deepseek-v3-tiny", {
+        "hidden_size": 1024, "moe_intermediate_size": 512, "num_attention_heads": 8,
+        "v_head_dim": 64}),
     # FP8 under --tp 2: deepseek-v3-tiny with dims whose halves are whole 128-blocks of scales
     # (tests/test_tp.py: ALIGNED)
     "deepseek-v3-tiny-fp8-aligned": ("deepseek-v3-tiny", {

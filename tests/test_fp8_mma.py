@@ -316,8 +316,7 @@ def test_ready_digits_on_the_host_are_the_interpreters(tmp_path: Path, name: str
 
 # deepseek-v3-tiny with MoE layers whose o_proj (8 heads of 64 value dims), shared expert and
 # routed experts (hidden 1024) all tile
-TILED_MOE = {"hidden_size": 1024, "moe_intermediate_size": 512, "num_attention_heads": 8,
-             "v_head_dim": 64}
+TILED_MOE = VARIANTS["deepseek-v3-tiny-tiled-o-proj"][1]
 
 
 def test_moe_gate_ups_share_o_proj_digits_on_the_host(tmp_path: Path) -> None:
@@ -337,6 +336,33 @@ def test_moe_gate_ups_share_o_proj_digits_on_the_host(tmp_path: Path) -> None:
         "layers.0.ffn.gate_up_proj.digits", "layers.1.ffn.shared_experts.gate_up_proj.digits",
         "layers.2.attn_in_proj.digits", "layers.2.ffn.shared_experts.gate_up_proj.digits"]
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), READY_REL)
+
+
+@pytest.mark.parametrize("target", ["h200", small("h200-48", 48)])
+def test_v_expansion_writes_o_proj_digits_on_the_host(tmp_path: Path, target: Any) -> None:
+    """vexp_digits: MLA's v expansion (a head_matvec) writes o_proj's input as its digits, its
+    tasks whole groups of 8 rows (on the H200 one group a task, every 16-column chunk shared
+    with a neighbour and written a byte at a time; on 48 SMs 8 or 16 rows, whole chunks too),
+    and o_proj copies them in. Against the interpreter."""
+    spec = fp8_spec("deepseek-v3-tiny", TILED_MOE)
+    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20,
+                                                    {**READY, "vexp_digits": True})
+    for layer in range(spec.num_layers):
+        o_proj = f"layers.{layer}.o_proj"
+        assert program.graph.op(f"layers.{layer}.v_expand").attrs["digits_for"] == o_proj
+        assert program.graph.op(o_proj).attrs["ready_digits"] == o_proj
+    assert all(t.rows[0] % 8 == 0 and t.rows[1] % 8 == 0
+               for t in program.tasks_of("layers.0.v_expand"))
+    assert_step_matches(bufs, env, token, spec.num_layers, ("attn_out", "x.attn", "x.ffn"),
+                        READY_REL)
+
+
+def test_vexp_digits_need_mla_with_o_proj_tiles() -> None:
+    with pytest.raises(ScheduleError, match="vexp_digits.*o_proj as FP8 tiles"):
+        make_program(fp8_spec("llama-tiny", WIDE), tuning={"vexp_digits": True})
+    with pytest.raises(ScheduleError, match="vexp_digits"):
+        make_program(fp8_spec("deepseek-v3-tiny", TILED_MOE),
+                     tuning={"vexp_digits": True, "ready_digits": False})
 
 
 @pytest.mark.parametrize(("name", "overrides", "target"),
@@ -489,3 +515,28 @@ def test_gpu_first_page_digits_token_loop_equals_single_steps(first_page_engine)
     from test_cuda_kernel import test_token_loop_equals_single_steps
 
     test_token_loop_equals_single_steps(first_page_engine, near_tie=0.0)
+
+
+@pytest.fixture(scope="module")
+def vexp_engine(tmp_path_factory):
+    from test_cuda_kernel import compiled_engine
+
+    return compiled_engine("deepseek-v3-tiny-tiled-o-proj", tmp_path_factory, weight_dtype="fp8",
+                           fp8_mma=True, vexp_digits=True)
+
+
+@pytest.mark.gpu
+def test_gpu_vexp_digits_teacher_forced_logits_match_interpreter(vexp_engine) -> None:
+    """The v expansion's digit stores (a head_matvec's epilogue, tasks of 8 rows: chunks shared
+    with a neighbour, a byte at a time) read by o_proj on the GPU, within the ready digits'
+    tolerance of the interpreter's logits."""
+    from test_cuda_kernel import check_teacher_forced
+
+    check_teacher_forced(vexp_engine)
+
+
+@pytest.mark.gpu
+def test_gpu_vexp_digits_token_loop_equals_single_steps(vexp_engine) -> None:
+    from test_cuda_kernel import test_token_loop_equals_single_steps
+
+    test_token_loop_equals_single_steps(vexp_engine, near_tie=0.0)
