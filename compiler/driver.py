@@ -24,7 +24,7 @@ from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.cost import roofline_ns, step_ns
 from tilertc.passes.fusion_mla import MLA_DIMS
 from tilertc.passes.packing import expert_weights, static_bytes
-from tilertc.passes.pipeline import make_program
+from tilertc.passes.pipeline import PASSES, make_program
 from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import rope_dim
 from tilertc.passes.tiling import scale_cols, segment_bytes, weight_row_bytes
@@ -287,7 +287,7 @@ def compile(spec: ModelSpec, out_dir: str | Path, options: CompileOptions | None
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    say("scheduling (fusion, tiling, residency, roles, scheduling, packing, synchronization)")
+    say(f"scheduling ({', '.join(run.__name__ for run in PASSES)})")
     program = make_program(spec, options.target, options.tp, options.max_seq_len,
                            schedule_tuning(asdict(options)))
     say("emitting CUDA source" + (" with TileLang tiles" if options.backend == "tilelang" else ""))
