@@ -642,9 +642,6 @@ __device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t&
 }
 #endif
 
-// Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
-// the same order compute consumes them. Stops when compute raises `quit`, then waits for the
-// copies still in flight so that none lands after the CTA is gone.
 #if L2_PREFETCH
 // Asks L2 for pages 1..n of a task's weights (passes/prefetch.py: on reaching an MLA q_b_proj or
 // o_proj task, whose later pages the ring takes only once compute has left the latency-bound ops
@@ -656,6 +653,9 @@ __device__ __forceinline__ void prefetch_pages(const uint8_t* src, int rows, int
                  : "memory");
 }
 #endif
+// Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
+// the same order compute consumes them. Stops when compute raises `quit`, then waits for the
+// copies still in flight so that none lands after the CTA is gone.
 __device__ void run_loader(const Params& p, Shared& s) {
   if ((threadIdx.x & 31) != 0) return;
   const int begin = p.stream_offsets[blockIdx.x], end = p.stream_offsets[blockIdx.x + 1];
@@ -1932,10 +1932,9 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 // A task's pages of rows [begin, rows) (`per_page` a page; `begin` a page's first row) that are
 // this page group's (the loader deals a task's pages to the groups in turn), each waited for, read
 // by `body(page, r, n)` (its first row r of n) and released; `consumed` counts the task's pages,
-// every group's. With
-// BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot itself, each thread
-// once, after its last read of the page, so that the loader refills it while the thread still
-// works on what it read.
+// every group's. With BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot
+// itself, each thread once, after its last read of the page, so that the loader refills it while
+// the thread still works on what it read.
 template <bool BODY_RELEASES = false, class Rows, class Body>
 __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows begin, Rows rows, Rows per_page,
                                               int group, uint32_t& consumed, Body body) {
