@@ -2,9 +2,11 @@
 
 Decides the tile of each task. A matrix-vector op of R output rows (`norm_matvec`,
 `matvec_add`, and `head_matvec`, whose rows each read their head's own input) is cut into
-min(R, #SMs) tasks of consecutive rows whose counts differ by at most one: one task per SM
-per op is the finest split that keeps every SM's weight stream equal, and tasks larger than a
-ring page are streamed page by page anyway, so smaller tiles would only add task overhead.
+min(R, #SMs) tasks of consecutive rows whose counts differ by at most one (whole 8-row groups
+for MLA's v expansion where it writes o_proj's ready digits: `writes_v_digits`, a knob): one
+task per SM per op is the finest split that keeps every SM's weight stream equal, and tasks
+larger than a ring page are streamed page by page anyway, so smaller tiles would only add task
+overhead.
 An op that starts with earlier ops it does not wait for takes only the SMs they leave, when
 that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
 that both run at once. A small op whose result is not wanted before a larger one's that starts
