@@ -27,6 +27,7 @@ attention reads and the stretch's own streams, which pass through it evict-first
 from __future__ import annotations
 
 from tilertc.passes.program import Program, ScheduleError
+from tilertc.passes.tiling import is_v_expansion
 
 L2_SHARE = 2  # the prefetched pages of one op take at most 1 / L2_SHARE of L2
 
@@ -36,8 +37,7 @@ def _after_latency_bound(program: Program, op) -> bool:
     read by the q absorption) or o_proj (a matvec_add of the v expansion's output)."""
     g = program.graph
     if op.opcode == "matvec_add":
-        return any(src.opcode == "head_matvec" and "merges" in src.attrs
-                   for src in g.producers(op.name))
+        return any(is_v_expansion(src) for src in g.producers(op.name))
     return (op.opcode == "norm_matvec"
             and any(src.opcode == "norm_matvec" for src in g.producers(op.name))
             and any(dst.opcode == "head_matvec" and dst.attrs["io"]["x"][0] == op.name

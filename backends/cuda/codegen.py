@@ -246,8 +246,8 @@ def _fp8_mma(program: Program) -> dict[str, object]:
     cannot run (bf16 weights; tensor parallelism, as their staged input and row sums are one
     GPU's). The `first_page_digits` knob at 1 has tile tasks stage their first page's digits
     first (decode.cuh: first_page_blocks); refused without tiles."""
-    tiles = has_tiles(program)
-    if program.config["tuning"].get("first_page_digits") and not tiles:
+    tiles, first_page = has_tiles(program), program.config["tuning"].get("first_page_digits")
+    if first_page and not tiles:
         raise ScheduleError("first_page_digits stages FP8 tile tasks' digits page by page, but "
                             f"{program.spec.name}'s schedule has no FP8 tiles (they need "
                             "--weight-dtype fp8, --tp 1, the cuda backend, fp8_mma not 0)")
@@ -259,8 +259,7 @@ def _fp8_mma(program: Program) -> dict[str, object]:
         if program.tp > 1:
             raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
                                 "without fp8_mma")
-    first = {"FIRST_PAGE_DIGITS": 1} if program.config["tuning"].get("first_page_digits") else {}
-    return {"FP8_MMA": 1, **first} if tiles else {}
+    return {"FP8_MMA": 1, **({"FIRST_PAGE_DIGITS": 1} if first_page else {})} if tiles else {}
 
 
 def constants(program: Program) -> dict[str, object]:
