@@ -114,11 +114,7 @@ WEIGHT_DTYPE = click.option(
                    "tensor cores; by default whichever the cost model predicts faster), or "
                    "ready_digits=0 (each FP8 tile task converts its input to "
                    "digits itself, rather than the projection that makes it writing them), or "
-                   "first_page_digits=1 (an FP8 tile task that converts its input converts what "
-                   "its first ring page reads first, the rest after that page), or "
-                   "vexp_digits=1 (MLA's v expansion writes o_proj's input as digits), or "
-                   "l2_prefetch_pages=N (MLA q_b_proj and o_proj tasks ask L2 for N weight pages "
-                   "ahead of the ring).")
+                   "vexp_digits=1 (MLA's v expansion writes o_proj's input as digits).")
 def compile_command(model: str, out_dir: str, target: str, backend: str,
                     max_seq_len: int | None, overrides: tuple[str, ...], weight_dtype: str | None,
                     tp: int, lineinfo: bool, tune: tuple[str, ...]) -> None:
@@ -314,9 +310,7 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 @click.option("--tune", multiple=True, metavar="KNOB=N",
               help="Compile with a schedule knob set (compute_warps, page_kb, page_groups, "
                    "attn_chunks, router_tasks, ffn_split_k=0/1, fp8_mma=0/1, ready_digits=0/1, "
-                   "first_page_digits=0/1, vexp_digits=0/1, l2_prefetch_pages) "
-                   "instead of the "
-                   "passes' choice (repeatable).")
+                   "vexp_digits=0/1) instead of the passes' choice (repeatable).")
 @click.option("--backend", "backends", default="cuda", show_default=True, metavar="NAME,...",
               help="Compile and time one kernel per backend, e.g. cuda,tilelang; the first is "
                    "reported as tilertc, the others as tilertc-BACKEND.")

@@ -60,17 +60,9 @@ class CompileOptions:
     # converted by every consumer (passes/digits.py). None: wherever there are FP8 tiles; True:
     # asked for, and refused without FP8 tiles; False: every consumer converts its input.
     ready_digits: bool | None = None
-    # An FP8 tile task that converts its input converts the blocks its first ring page reads,
-    # runs that page, then converts the rest (decode.cuh: first_page_blocks), so that its ring
-    # refills during the conversion; off until measured on the GPU. True: asked for, and refused
-    # without FP8 tiles.
-    first_page_digits: bool = False
     # MLA's v expansion writes o_proj's input as ready digits (passes/tiling.py:
-    # writes_v_digits); off until measured on the GPU.
+    # writes_v_digits); off: measured no faster on the H200 (docs/performance.md, session 45).
     vexp_digits: bool = False
-    # MLA q_b_proj and o_proj tasks ask L2 for this many of their weight pages past the first
-    # when the loader reaches them (passes/prefetch.py); None: none, until measured on the GPU.
-    l2_prefetch_pages: int | None = None
     # Source lines in the cubin, for compute-sanitizer and Nsight (same SASS). Off by default:
     # nvcc records the build directory in them, so the cubin would depend on where it was built.
     lineinfo: bool = False
@@ -82,9 +74,8 @@ class CompileOptions:
 # CompileOptions' fields that override a pass's choice (`make_program`'s tuning); the flags
 # among them are on or off
 TUNING_KNOBS = ("compute_warps", "page_kb", "page_groups", "attn_chunks", "router_tasks",
-                "ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits", "vexp_digits",
-                "l2_prefetch_pages")
-TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits", "first_page_digits", "vexp_digits")
+                "ffn_split_k", "fp8_mma", "ready_digits", "vexp_digits")
+TUNING_FLAGS = ("ffn_split_k", "fp8_mma", "ready_digits", "vexp_digits")
 
 
 def schedule_tuning(options: Mapping[str, Any]) -> dict[str, Any]:

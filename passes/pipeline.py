@@ -10,7 +10,6 @@ from tilertc.passes.cost import step_ns
 from tilertc.passes.digits import ready_digits
 from tilertc.passes.fusion import fuse
 from tilertc.passes.packing import pack
-from tilertc.passes.prefetch import l2_prefetch
 from tilertc.passes.program import Program
 from tilertc.passes.residency import place
 from tilertc.passes.roles import assign_roles
@@ -22,7 +21,7 @@ from tilertc.passes.tiling import has_tiles, tile
 # how make_program's decision between FP8 tiles and rows begins (the compile summary shows it)
 FP8_PATH = "FP8 projections as "
 # the knobs that, asked for, need FP8 tiles (and so skip make_program's choice of rows)
-NEEDS_TILES = ("ready_digits", "first_page_digits", "vexp_digits")
+NEEDS_TILES = ("ready_digits", "vexp_digits")
 
 PASSES = [
     shard,  # per-rank shard of every op under tensor parallelism
@@ -30,7 +29,6 @@ PASSES = [
     tile,  # tasks per fused op, balanced bytes per SM
     ready_digits,  # FP8 tile inputs written as digits by their producers
     place,  # buffers, weight ring depth, shared-memory plan
-    l2_prefetch,  # weight pages asked of L2 ahead of the ring (knob)
     assign_roles,  # loader / compute warps
     schedule,  # tasks onto SMs, per-SM streams
     pack,  # packed weight layout in stream order
@@ -54,7 +52,7 @@ def make_program(spec: ModelSpec, target: str | Target = "h200", tp: int = 1,
 
     `tuning` overrides a pass's default choice (`compute_warps`, `page_kb`, `page_groups`,
     `attn_chunks`, `router_tasks`, `ffn_split_k`, `fp8_mma`, `ready_digits`,
-    `first_page_digits`, `vexp_digits`, `l2_prefetch_pages`), for experiments.
+    `vexp_digits`), for experiments.
 
     Unless `fp8_mma` or one of `NEEDS_TILES` asks for tiles, a program with FP8 tiles is scheduled a
     second time with FP8 rows on the CUDA cores, and the one the cost model predicts faster is

@@ -88,20 +88,11 @@ def test_tilelang_backend_refuses_it(tmp_path: Path) -> None:
                 CompileOptions(backend="tilelang", fp8_mma=True))
 
 
-def test_first_page_digits_without_tiles_is_refused() -> None:
-    spec = with_weight_dtype(tilertc.load_spec("llama-3.2-1b"), "bf16")
-    with pytest.raises(ScheduleError, match="first_page_digits.*no FP8 tiles"):
-        codegen.constants(make_program(spec, tuning={"first_page_digits": True}))
-
-
-@pytest.mark.parametrize("first_page", [False, True])
-def test_it_compiles_without_spills(tmp_path: Path, first_page: bool) -> None:
+def test_it_compiles_without_spills(tmp_path: Path) -> None:
     needs_nvcc()
-    out = compile(fp8_spec("llama-tiny", WIDE), tmp_path,
-                  CompileOptions(fp8_mma=True, first_page_digits=first_page))
+    out = compile(fp8_spec("llama-tiny", WIDE), tmp_path, CompileOptions(fp8_mma=True))
     kernel = json.loads((out / "manifest.json").read_text())["kernel"]
     assert kernel["constants"]["FP8_MMA"] == 1
-    assert kernel["constants"].get("FIRST_PAGE_DIGITS", 0) == first_page
     assert kernel["ptxas"]["spill_stores"] == 0 and kernel["ptxas"]["stack_bytes"] == 0
 
 
@@ -223,50 +214,6 @@ def test_moe_tiles_on_the_host_are_the_interpreters(tmp_path: Path, overrides: d
     program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, MMA)
     assert tiled_tasks(program) >= covers
     assert assert_routes_match(program, bufs, env) == [1, 2]
-    assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
-
-
-def first_page_first(program: Program) -> set[tuple[str, int]]:
-    """(opcode, pieces) of the tile tasks that convert their first page's blocks before that page
-    and the rest after it (decode.cuh: first_page_blocks), where the first_page_digits knob asks:
-    an un-normed task that converts its input whose page holds less than a tile of one piece, or
-    less than a piece's units."""
-    page, split = program.config["page_bytes"], set()
-    if not program.config["tuning"].get("first_page_digits"):
-        return split
-    for t in program.tasks:
-        op = program.graph.op(t.op)
-        if not is_tiled(program, op) or op.opcode == "norm_matvec" or op.attrs.get("ready_digits"):
-            continue
-        k, pieces = tile_weights(op)[0], 1
-        if op.opcode == "moe_down_add":
-            pieces = op.attrs["slots"] + bool(op.attrs["shared_intermediate"])
-        halves = 2 if op.opcode == "moe_gate_up" else 1
-        per_tile = k // tile_segments(k) // tile_unit_cols(k)
-        units = (t.rows[1] - t.rows[0]) // tile_rows(k) * halves * per_tile  # of one piece
-        rpp = page // stream_row_bytes(program, op)
-        if rpp < units and (rpp < per_tile or pieces > 1):
-            split.add((op.opcode, pieces))
-    return split
-
-
-# (spec, overrides, target, the tasks that stage their first page first) with 16 KB pages (2
-# units of 128 columns): llama-tiny's down (3 units a tile) and o_proj (K = 1024: one unit a
-# tile, no split); deepseek-v3-tiny's routed down on 2 SMs (tasks of 4 one-unit tiles a piece)
-FIRST_PAGE_STEPS = [("llama-tiny", WIDE, small("h200-48", 48), {("matvec_add", 1)}),
-                    ("deepseek-v3-tiny", {"moe_intermediate_size": 1024}, small("h200-2", 2),
-                     {("moe_down_add", 3)})]
-
-
-@pytest.mark.parametrize(("name", "overrides", "target", "split"), FIRST_PAGE_STEPS)
-def test_first_page_staged_first_on_the_host(tmp_path: Path, name: str, overrides: dict,
-                                             target: Any, split: set) -> None:
-    """A tile task that converts its first page's digits, runs that page, then converts the
-    rest (tile_task with stage_digits over two ranges of blocks), against the interpreter."""
-    spec = fp8_spec(name, overrides)
-    tuning = {**MMA, "page_kb": 16, "first_page_digits": True}
-    program, token, bufs, env, _ = random_host_step(tmp_path, spec, target, 20, tuning)
-    assert first_page_first(program) >= split
     assert_step_matches(bufs, env, token, spec.num_layers, ("x.attn", "x.ffn"), DIGITS_REL)
 
 
@@ -484,37 +431,6 @@ def test_gpu_ready_digits_token_loop_equals_single_steps(ready_engine) -> None:
     from test_cuda_kernel import test_token_loop_equals_single_steps
 
     test_token_loop_equals_single_steps(ready_engine, near_tie=0.0)
-
-
-# first-page digits (decode.cuh: first_page_blocks) with 16 KB pages and every tile task converting
-# its own input, so that the downs (and llama-3.2-1b's o_proj) run their first page early
-FIRST_PAGE_GPU_MODELS = ["llama-3.2-1b", "llama-tiny-k1536"]
-
-
-@pytest.fixture(scope="module", params=FIRST_PAGE_GPU_MODELS)
-def first_page_engine(request, tmp_path_factory):
-    from test_cuda_kernel import compiled_engine
-
-    return compiled_engine(request.param, tmp_path_factory, weight_dtype="fp8", fp8_mma=True,
-                           ready_digits=False, first_page_digits=True, page_kb=16)
-
-
-@pytest.mark.gpu
-def test_gpu_first_page_digits_teacher_forced_logits_match_interpreter(first_page_engine) -> None:
-    """A tile task's first page run between its two conversions, on the GPU (the second
-    conversion's stores against the first page's wgmma reads, the barrier between): the logits
-    step by step within the FP8 tests' tolerances of the interpreter's."""
-    from test_cuda_kernel import check_teacher_forced
-
-    assert first_page_engine.m["kernel"]["constants"]["FIRST_PAGE_DIGITS"] == 1
-    check_teacher_forced(first_page_engine)
-
-
-@pytest.mark.gpu
-def test_gpu_first_page_digits_token_loop_equals_single_steps(first_page_engine) -> None:
-    from test_cuda_kernel import test_token_loop_equals_single_steps
-
-    test_token_loop_equals_single_steps(first_page_engine, near_tie=0.0)
 
 
 @pytest.fixture(scope="module")

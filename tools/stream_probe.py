@@ -73,9 +73,9 @@ EDITS = [
      "      if (ct == 0) probe_stamp[blockIdx.x] = stamp;\n"),
     ("    stage_vector(p, s, t, ct);\n    matvec_pages(",
      "    stage_vector(p, s, t, ct);\n" + STAGED + "    matvec_pages("),
-    # an FP8 tile task: its first round's staging (the whole input, or its first page's blocks)
-    ("    const int u0 = round ? rpp : 0,",
-     "    if (round == 0)\n  " + STAGED + "    const int u0 = round ? rpp : 0,"),
+    # an FP8 tile task: its input staged (digits converted or copied in)
+    ("    stage_digits(p, s, t, ct);\n  if (tile_segments(",
+     "    stage_digits(p, s, t, ct);\n" + STAGED + "  if (tile_segments("),
 ]
 
 

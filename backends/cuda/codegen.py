@@ -244,13 +244,7 @@ def _fp8_mma(program: Program) -> dict[str, object]:
     tile_pages), compiled in only where the schedule has any, so that other kernels are what
     they were without them. The `fp8_mma` knob at 1 asks for them: refused by name where they
     cannot run (bf16 weights; tensor parallelism, as their staged input and row sums are one
-    GPU's). The `first_page_digits` knob at 1 has tile tasks stage their first page's digits
-    first (decode.cuh: first_page_blocks); refused without tiles."""
-    tiles, first_page = has_tiles(program), program.config["tuning"].get("first_page_digits")
-    if first_page and not tiles:
-        raise ScheduleError("first_page_digits stages FP8 tile tasks' digits page by page, but "
-                            f"{program.spec.name}'s schedule has no FP8 tiles (they need "
-                            "--weight-dtype fp8, --tp 1, the cuda backend, fp8_mma not 0)")
+    GPU's)."""
     if program.config["tuning"].get("fp8_mma") is True:
         if not program.spec.weight_format.is_fp8:
             raise ScheduleError("fp8_mma multiplies FP8 weight rows on the tensor cores, but "
@@ -259,7 +253,7 @@ def _fp8_mma(program: Program) -> dict[str, object]:
         if program.tp > 1:
             raise ScheduleError(f"fp8_mma runs at --tp 1 only, not --tp {program.tp}; compile "
                                 "without fp8_mma")
-    return {"FP8_MMA": 1, **({"FIRST_PAGE_DIGITS": 1} if first_page else {})} if tiles else {}
+    return {"FP8_MMA": 1} if has_tiles(program) else {}
 
 
 def constants(program: Program) -> dict[str, object]:
@@ -283,8 +277,6 @@ def constants(program: Program) -> dict[str, object]:
     ffn = {"FFN_SPLIT_K": 1, "FIXED_FRAC_BITS": FIXED_FRAC_BITS} if split_k else {}
     # and the ready digits' (passes/digits.py) only in kernels whose schedule has them
     ready = any(op.attrs.get("ready_digits") for op in program.graph.ops())
-    # and the L2 prefetch's (passes/prefetch.py) only where a task prefetches
-    prefetch = any(op.attrs.get("l2_pages") for op in program.graph.ops())
     return {
         "COMPUTE_WARPS": cfg["compute_warps"],
         "PAGE_GROUPS": cfg["page_groups"],
@@ -300,7 +292,6 @@ def constants(program: Program) -> dict[str, object]:
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),
         **ffn,
         **({"READY_DIGITS": 1} if ready else {}),
-        **({"L2_PREFETCH": 1} if prefetch else {}),
         "SAMPLE_K": K_MAX,
         "SAMPLE_TASKS": lm["tile"]["tasks"],
         "SAMPLE_SLOTS": candidate_slots(lm["rows"], lm["tile"]["tasks"]),

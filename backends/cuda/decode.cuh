@@ -67,9 +67,6 @@ enum Field : int {
   F_DIGITS_K,       // that consumer's input length
   F_DIGITS_GAMMA,   // that consumer's norm weight (act offset); -1: it does not normalize
 #endif
-#if L2_PREFETCH  // passes/prefetch.py
-  F_L2_PAGES,       // the weight pages past its first that the loader asks L2 for on reaching it
-#endif
 #if TP > 1  // a task that exchanges with the other ranks (tensor parallelism, see exchange)
   F_XCHG,         // its exchange counter, -1: none
   F_XCHG_BUF,     // act offset of its receive buffer: one slot per rank
@@ -642,17 +639,6 @@ __device__ bool load_split_k(const Params& p, Shared& s, const int* t, uint32_t&
 }
 #endif
 
-#if L2_PREFETCH
-// Asks L2 for pages 1..n of a task's weights (passes/prefetch.py: on reaching an MLA q_b_proj or
-// o_proj task, whose later pages the ring takes only once compute has left the latency-bound ops
-// before it): a bulk prefetch a page, nothing to wait for; the ring's copies then read L2.
-__device__ __forceinline__ void prefetch_pages(const uint8_t* src, int rows, int rb, int rpp, int n) {
-  for (int r = rpp; r < rows && r <= n * rpp; r += rpp)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src + static_cast<long long>(r) * rb),
-                 "r"(min(rpp, rows - r) * rb)
-                 : "memory");
-}
-#endif
 // Walks the same stream as compute and cuts each task's weights into pages of whole rows, in
 // the same order compute consumes them. Stops when compute raises `quit`, then waits for the
 // copies still in flight so that none lands after the CTA is gone.
@@ -691,9 +677,6 @@ __device__ void run_loader(const Params& p, Shared& s) {
       const int lrb = routed ? loaded_row_bytes(t, piece) : rb;
 #else
       const int lrb = rb;
-#endif
-#if L2_PREFETCH
-      if (t[F_L2_PAGES] > 0) prefetch_pages(src, rows, rb, rpp, t[F_L2_PAGES]);
 #endif
       for (int r = 0; r < rows; r += rpp) {
         const uint32_t bytes = min(rpp, rows - r) * lrb;
@@ -1467,14 +1450,12 @@ __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
 // chunk's 16-byte quarters in a rotated order, so that the 8 lanes of a quarter-warp read 8
 // different bank groups (two segments of different parity x 4 quarters); its digit words go
 // to the same 8 banks a store (4-way conflicts: rotating the digits too, which spreads them
-// over 32, cost registers that made the DeepSeek-V3.2 kernels spill). A call converts the blocks
-// [b0, b1) of that order (tile_task: the first page's, then the rest); the one with b0 = 0 also
-// runs pass 1, the one with b1 = all blocks ends the staging.
+// over 32, cost registers that made the DeepSeek-V3.2 kernels spill).
 #if FFN_SPLIT_K  // its tasks read x as stored (unweighted); a fixed-point input needs converting
 #error "split-K FFNs take bf16 weights (passes/fusion.py), never FP8 tiles"
 #endif
 constexpr int STAGE_BLOCKS = 4;
-__device__ void stage_digits(const Params& p, Shared& s, const int* t, int b0, int b1, int ct) {
+__device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
   const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
   const int per_piece = kp / FP8_BLOCK_COLS, kseg = kp / S;
   const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunk records of a piece; log2 S
@@ -1489,23 +1470,21 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int b0, i
   // from one quarter to the thread's next the chunk moves on by NT / 4 / S in the same segment
   // (a piece's chunks are whole 32s), or past the piece's end into the next piece's
   static_assert(COMPUTE_WARPS * 32 / 4 % 8 == 0, "a thread's quarters keep their segment");
-  if (b0 == 0) {
-    const int q = ct & 3, j = (ct >> 2) & (S - 1);
-    int piece = 0, r = ct >> 2;  // the quarter's chunk record (chunk S + j) within its piece
-    for (; r >= chunks; r -= chunks) ++piece;
-    for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
-      const int col = piece * kp + j * kseg + (r >> sbits) * 16 + 4 * q;
-      cp_async16(b + 16 * f, in.source(col / 4));
-      if (norm) cp_async16(gamma_s + f, gamma + f);
-      for (r += COMPUTE_WARPS * 32 / 4; r >= chunks; r -= chunks) ++piece;
-    }
-    // (a MoE down task's combine weight: the piece's factors carry it, one load a block, while
-    // the copies are in flight)
-    for (int blk = ct; blk < blocks; blk += COMPUTE_WARPS * 32)
-      factor[blk] = in.pending_weight(blk * (FP8_BLOCK_COLS / 4));
-    cp_async_wait_all();
-    compute_sync();
+  const int q = ct & 3, j = (ct >> 2) & (S - 1);
+  int piece = 0, r = ct >> 2;  // the quarter's chunk record (chunk S + j) within its piece
+  for (; r >= chunks; r -= chunks) ++piece;
+  for (int f = ct; f < k / 4; f += COMPUTE_WARPS * 32) {
+    const int col = piece * kp + j * kseg + (r >> sbits) * 16 + 4 * q;
+    cp_async16(b + 16 * f, in.source(col / 4));
+    if (norm) cp_async16(gamma_s + f, gamma + f);
+    for (r += COMPUTE_WARPS * 32 / 4; r >= chunks; r -= chunks) ++piece;
   }
+  // (a MoE down task's combine weight: the piece's factors carry it, one load a block, while
+  // the copies are in flight)
+  for (int blk = ct; blk < blocks; blk += COMPUTE_WARPS * 32)
+    factor[blk] = in.pending_weight(blk * (FP8_BLOCK_COLS / 4));
+  cp_async_wait_all();
+  compute_sync();
   // pass 2: a piece's blocks taken in the order (column offset, segment), so that a warp's 4
   // blocks of a round lie in 4 consecutive segments; lane bs takes the round's block bs, c is
   // the lane's chunk of it, whose quarter (u + bs / 2 + 2 c) % 4 is the lane's u-th
@@ -1514,9 +1493,9 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int b0, i
   float ss = 0.f;
   // the block's piece and place in that order (segment o % S, column offset o / S), moving on
   // as pass 1's chunk records do
-  int bpiece = 0, o = b0 + STAGE_BLOCKS * warp + bs;
+  int bpiece = 0, o = STAGE_BLOCKS * warp + bs;
   for (; o >= per_piece; o -= per_piece) ++bpiece;
-  for (int first = b0 + STAGE_BLOCKS * warp; first < b1; first += STAGE_BLOCKS * COMPUTE_WARPS) {
+  for (int first = STAGE_BLOCKS * warp; first < blocks; first += STAGE_BLOCKS * COMPUTE_WARPS) {
     const int jb = o & (S - 1), chunk = (o >> sbits) * 8 + c, col = bpiece * kp + jb * kseg + chunk * 16;
     const struct {
       uint8_t* at;  // the chunk's fp32 values, then its digits
@@ -1551,10 +1530,7 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int b0, i
     if (c == 0) factor[ch.blk] *= block_factor(E);
   }
   fence_proxy_async_shared();
-  if (b1 == blocks)
-    end_staging(s, t, ss, ct);
-  else  // (first_page_blocks: a normed task stages whole)
-    compute_sync();
+  end_staging(s, t, ss, ct);
 }
 
 #if READY_DIGITS
@@ -1929,17 +1905,16 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
   }
 }
 
-// A task's pages of rows [begin, rows) (`per_page` a page; `begin` a page's first row) that are
-// this page group's (the loader deals a task's pages to the groups in turn), each waited for, read
-// by `body(page, r, n)` (its first row r of n) and released; `consumed` counts the task's pages,
-// every group's. With BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot
+// A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader deals
+// a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its first
+// row r of n) and released; `consumed` counts the task's pages, every group's. With BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot
 // itself, each thread once, after its last read of the page, so that the loader refills it while
 // the thread still works on what it read.
 template <bool BODY_RELEASES = false, class Rows, class Body>
-__device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows begin, Rows rows, Rows per_page,
-                                              int group, uint32_t& consumed, Body body) {
+__device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows rows, Rows per_page, int group,
+                                              uint32_t& consumed, Body body) {
   uint32_t page_index = consumed;
-  for (Rows r = begin; r < rows; r += per_page, ++page_index) {
+  for (Rows r = 0; r < rows; r += per_page, ++page_index) {
     if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
     const int slot = page_index % RING_PAGES;
     ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
@@ -2004,7 +1979,7 @@ __device__ __forceinline__ void fold_segment(const float (&d)[ND], float (&sum)[
   }
 }
 template <int S>
-__device__ void tile_pages(const Params& p, Shared& s, const int* t, int begin, int end, int rb, int rpp, int halves,
+__device__ void tile_pages(const Params& p, Shared& s, const int* t, int task_units, int rb, int rpp, int halves,
                            uint32_t& consumed, int lane, int group, int gw) {
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
   const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg / C;
@@ -2041,7 +2016,7 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int begin, 
   // The page is released once the warpgroup's last wgmma on it is done and its last scale read,
   // before that unit's fold and the flushes, which read only registers and s.vec: with 2 ring
   // pages, a page's slot is otherwise not refilled while it is computed.
-  for_each_page<true>(p, s, begin, end, rpp, group, consumed, [&](const uint8_t* page, int u0, int n, int slot) {
+  for_each_page<true>(p, s, task_units, rpp, group, consumed, [&](const uint8_t* page, int u0, int n, int slot) {
     float y[ROWS] = {};
     int tile = -1;
     // a warpgroup takes a run of the page's units, so that a tile's units (3 of 8 on a page of
@@ -2096,59 +2071,23 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int begin, 
   });
 }
 
-// The blocks of a tile task's input (in stage_digits' order) that its first page reads, where
-// converting those first and the rest after that page lets the ring move sooner; otherwise all.
-// The task's ring is full when it starts (its pages were loaded while it waited), and nothing
-// more is loaded until compute releases its first page: while a task converted its whole input
-// first, HBM idled on that SM (DeepSeek-V3.2's o_proj, 16384 inputs: 5.3 µs; its MoE down,
-// 18432: 5.9; docs/performance.md, session 43). A page holds units part 0.. of the first tile
-// (columns [0, C parts) of every segment) or of the first piece's tiles, so its blocks are a
-// prefix of that order. A normed task's 1/rms needs every block's squares before its staging
-// ends, and with several page groups the first pages run at once: those stage whole. Only where
-// FIRST_PAGE_DIGITS asks (--tune first_page_digits=1), until measured on the GPU.
-__device__ __forceinline__ int first_page_blocks(const int* t, int rpp) {
-  const int blocks = t[F_K] / FP8_BLOCK_COLS;
-#if FIRST_PAGE_DIGITS
-  const int k = tile_k(t), C = unit_cols(t), per_tile = tile_units(t);
-  if (PAGE_GROUPS > 1 || normed(t) || rpp >= piece_units(t) || (rpp >= per_tile && tile_pieces(t) == 1)) return blocks;
-  return tile_segments(k) * min(rpp, per_tile) * C / FP8_BLOCK_COLS;
-#else
-  return blocks;
-#endif
-}
-
-// A tile task's input staged (ready digits copied in, or converted: stage_digits, the first
-// page's blocks before that page where first_page_blocks says so) and its pages run; then the
-// warpgroups' sums added up in warpgroup order (tile_pages).
+// A tile task's input staged (ready digits copied in, or converted: stage_digits) and its pages
+// run; then the warpgroups' sums added up in warpgroup order (tile_pages).
 __device__ __forceinline__ void tile_task(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
-  // one round, or two: the first page's blocks and page, then the rest. One copy of each loop in
-  // the code, and only the round held across the pages: the bounds are read from the task again
-  // (two calls of each, or the bounds in registers, took registers the kernel has not got).
-  for (int round = 0;; ++round) {
-    const int blocks = t[F_K] / FP8_BLOCK_COLS, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
-    const int halves = row_halves(t), lane = ct & 31, warp = ct >> 5;
-    const int group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  const int units = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t), halves = row_halves(t);
+  const int lane = ct & 31, warp = ct >> 5, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
 #if READY_DIGITS
-    const bool ready = t[F_DIGITS_IN] >= 0;
-#else
-    constexpr bool ready = false;
+  if (t[F_DIGITS_IN] >= 0)
+    stage_ready_digits(p, s, t, ct);
+  else
 #endif
-    const int split = ready ? blocks : first_page_blocks(t, rpp);
-#if READY_DIGITS
-    if (ready)
-      stage_ready_digits(p, s, t, ct);
-    else
-#endif
-      stage_digits(p, s, t, round ? split : 0, round || split == blocks ? blocks : split, ct);
-    const int u0 = round ? rpp : 0, u1 = round || split == blocks ? stream_rows(t) : rpp;
-    if (tile_segments(tile_k(t)) == 8)
-      tile_pages<8>(p, s, t, u0, u1, rb, rpp, halves, consumed, lane, group, gw);
-    else
-      tile_pages<4>(p, s, t, u0, u1, rb, rpp, halves, consumed, lane, group, gw);
-    if (round || split == blocks) break;
-  }
+    stage_digits(p, s, t, ct);
+  if (tile_segments(tile_k(t)) == 8)
+    tile_pages<8>(p, s, t, units, rb, rpp, halves, consumed, lane, group, gw);
+  else
+    tile_pages<4>(p, s, t, units, rb, rpp, halves, consumed, lane, group, gw);
   compute_sync();  // every warpgroup's sums are in
-  const int sums_n = (t[F_ROW1] - t[F_ROW0]) * row_halves(t);
+  const int sums_n = (t[F_ROW1] - t[F_ROW0]) * halves;
   for (int i = ct; i < sums_n; i += COMPUTE_WARPS * 32) {
     float v = s.acc[i];
     for (int k = 1; k < TILE_WARPGROUPS; ++k) v += tile_sums(s, sums_n, k)[i];
@@ -2195,7 +2134,7 @@ __device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows
     out[3 * k] = __float2bfloat16(0.f);
   }
   compute_sync();
-  for_each_page(p, s, 0, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
     const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && k % (2 * block) == 0 ? 2 : 1;
     for (int item = gw; item < tiles * split; item += GROUP_WARPS) {
       const int m0 = 16 * (item / split), kb0 = item % split * (k / split);
@@ -2289,7 +2228,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   const bool short_rows = whole_rows && wpr == 1 && 2 * k8 <= SHORT_ROW_GROUPS;
 #endif
-  for_each_page(p, s, 0, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
 #if MLA
     const auto input = [&](int i) { return s.vec + head_input(r + i); };  // row i's x
 #else
@@ -2725,7 +2664,7 @@ __device__ bool run_attention(const Params& p, Shared& s, const int* t, long lon
   // The past keys, page by page as the loader streams them (pages are dealt to the page groups
   // as a matrix-vector task's are), then this step's key.
   const KvChunk ch = kv_chunk(t, pos);
-  for_each_page(p, s, 0ll, ch.past, static_cast<long long>(KV_KEYS_PER_PAGE), group, consumed,
+  for_each_page(p, s, ch.past, static_cast<long long>(KV_KEYS_PER_PAGE), group, consumed,
                 [&](const uint8_t* page, long long, long long n) {
                   attend(qs, page, page + KV_KEYS_PER_PAGE * KV_ROW_BYTES, static_cast<int>(n), gw / HEAD_SETS,
                          GROUP_WARPS / HEAD_SETS, sub, kw, scale, acc, m, l);
@@ -3839,7 +3778,7 @@ __device__ void split_k_down(const Params& p, Shared& s, const int* t, uint32_t&
   const int per_warp = 32 / lanes, step_rows = GROUP_WARPS * per_warp;
   const float4* h = reinterpret_cast<const float4*>(s.vec);
   long long* out = reinterpret_cast<long long*>(p.act + t[F_OUT]);
-  for_each_page(p, s, 0, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
     for (int base = gw * per_warp; base < n; base += step_rows) {  // warp-uniform: shuffles below
       const int rr = base + lane / lanes;
       float y = 0.f;

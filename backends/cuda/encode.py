@@ -49,9 +49,6 @@ FFN_FIELDS = ("fixed_in", "fixed_res", "fixed_out")
 # to (`digits_out`, -1: none), that consumer's input length (`digits_k`) and norm weight
 # (`digits_gamma`, -1: none).
 DIGIT_FIELDS = ("digits_in", "digits_out", "digits_k", "digits_gamma")
-# L2 prefetch (passes/prefetch.py): the weight pages past its first that the loader asks L2 for
-# when it reaches the task (0: none).
-PREFETCH_FIELDS = ("l2_pages",)
 # Tensor parallelism: a task that exchanges with the other ranks (an all-reducing op's, the
 # sampler) arrives on exchange counter `xchg` of every rank after writing its part into its
 # rank's slot of the receive buffer at act offset `xchg_buf` (slots `xchg_stride` floats
@@ -114,8 +111,7 @@ def fields(program: Program) -> tuple[str, ...]:
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
     the MLA ones when there is MLA attention (and with FP8 weights the MLA FP8 ones), the DSA
     ones with an indexer, the FFN ones with a split-K FFN, the digit ones with ready digits,
-    the prefetch ones where a task prefetches (codegen's L2_PREFETCH), the TP ones under tp >
-    1)."""
+    the TP ones under tp > 1)."""
     ops = program.graph.ops()
     opcodes = {op.opcode for op in ops}
     shared = any(op.attrs["shared_intermediate"] for op in ops if op.opcode == "moe_down_add")
@@ -127,7 +123,6 @@ def fields(program: Program) -> tuple[str, ...]:
             + (DSA_FIELDS if "dsa_score" in opcodes else ())
             + (FFN_FIELDS if "ffn_split_k" in opcodes else ())
             + (DIGIT_FIELDS if any(op.attrs.get("ready_digits") for op in ops) else ())
-            + (PREFETCH_FIELDS if any(op.attrs.get("l2_pages") for op in ops) else ())
             + (TP_FIELDS if program.tp > 1 else ()))
 
 
@@ -250,8 +245,6 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
             **{"in": _offset(program, op.inputs[0]) + a.get("in_offset", 0)},
             out=_offset(program, op.outputs[0]),
         )
-        if "l2_pages" in row:
-            row["l2_pages"] = a.get("l2_pages", 0)
         if t.opcode == "head_matvec":
             row.update(_head_matvec(program, t, op))
         if t.opcode in ("norm_matvec", "moe_gate_up", "ffn_split_k"):
