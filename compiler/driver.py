@@ -49,7 +49,7 @@ class CompileOptions:
     # config's own format (bf16 unless it has an FP8 quantization_config).
     weight_dtype: str | None = None
     # A dense MLP as one split-K op per layer instead of gate/up then down (passes/fusion.py:
-    # _fuse_split_k); off until measured on the GPU.
+    # _fuse_split_k); off: measured no faster on the H200 (docs/performance.md).
     ffn_split_k: bool = False
     # FP8 dense projections as tiles on the tensor cores (wgmma, decode.cuh: tile_pages) instead
     # of rows on the CUDA cores. None: the tiling pass tiles what fits (FP8 weights, --tp 1, the

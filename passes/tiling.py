@@ -172,21 +172,15 @@ def _fp8_tiles_fit(program: Program, op) -> bool:
         and w.shape[0] % tile_rows(k) == 0 for w in ws)
 
 
-def is_v_expansion(op) -> bool:
-    """Whether `op` is MLA's v expansion: the head_matvec that merges attention's chunks as it
-    stages its input (passes/fusion_mla.py)."""
-    return op.opcode == "head_matvec" and "merges" in op.attrs
-
-
 def writes_v_digits(program: Program, op) -> bool:
     """Whether `op` is MLA's v expansion and writes o_proj's input as ready digits: where the
-    `vexp_digits` knob asks (off until measured on the GPU; docs/performance.md, session 43: the
-    layer's end 0.8-2.4 µs sooner, the bench within its spread), ready digits are not off and
+    `vexp_digits` knob asks (off: measured no faster; docs/performance.md, sessions 43 and 45:
+    the layer's end 0-2.4 µs sooner, the bench within its spread), ready digits are not off and
     o_proj streams FP8 tiles. Its tasks are then whole groups of DIGIT_GROUP_ROWS rows, which a
     producer of digits needs (passes/digits.py)."""
     tuning = program.config["tuning"]
     return (bool(tuning.get("vexp_digits")) and tuning.get("ready_digits") is not False
-            and is_v_expansion(op)
+            and op.opcode == "head_matvec" and "merges" in op.attrs
             and any(c.opcode == "matvec_add" and c.inputs[0] == op.outputs[0]
                     and _fp8_tiles_fit(program, c) for c in program.graph.consumers(op.name)))
 

@@ -1907,9 +1907,10 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 
 // A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader deals
 // a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its first
-// row r of n) and released; `consumed` counts the task's pages, every group's. With BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot
-// itself, each thread once, after its last read of the page, so that the loader refills it while
-// the thread still works on what it read.
+// row r of n) and released; `consumed` counts the task's pages, every group's. With
+// BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot itself, each thread
+// once, after its last read of the page, so that the loader refills it while the thread still
+// works on what it read.
 template <bool BODY_RELEASES = false, class Rows, class Body>
 __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows rows, Rows per_page, int group,
                                               uint32_t& consumed, Body body) {
