@@ -2,11 +2,13 @@
 # Everything the GPU should confirm, in stages that each fit one call of a lent GPU machine
 # (10 minutes):
 #
-#   bash tools/gpu_check.sh [STAGE ...]      STAGE: tests, full, tp, sanitize, bench
-#                                            (default: tests, sanitize, bench)
+#   bash tools/gpu_check.sh [STAGE ...]      STAGE: kernel, tests, full, tp, sanitize, bench
+#                                            (default: kernel, tests, sanitize, bench)
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
-#   tests     the `gpu` tests but the full-size and tensor-parallel ones;
+#   kernel    the `gpu` tests of tests/test_cuda_kernel.py but the full-size and tensor-parallel
+#             ones (~150 tests, ~7 minutes: together with the others they overran one call);
+#   tests     the other `gpu` tests but the full-size and tensor-parallel ones;
 #   full      the full-size ones (DeepSeek-V3 / V3.2 / GLM-5 layers; a few minutes each);
 #   tp        the tensor-parallel ones (on a machine with two GPUs);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny models
@@ -20,11 +22,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-gpu-check}
 mkdir -p "$out"
 stages=("$@")
-[ ${#stages[@]} -eq 0 ] && stages=(tests sanitize bench)
+[ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        tests | full | tp | sanitize | bench) ;;
-        *) echo "unknown stage '$stage' (tests, full, tp, sanitize, bench)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench)"; exit 2 ;;
     esac
 done
 
@@ -32,15 +34,18 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt
     { echo "install failed: $out/install.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-# The `gpu` tests selected by a pytest -k expression, logged to $out/pytest-NAME.txt.
+# The `gpu` tests selected by a pytest -k expression (and pytest arguments after it), logged to
+# $out/pytest-NAME.txt.
 gpu_tests() {
     local name=$1 select=$2
-    timeout 540 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider -k "$select" \
+    shift 2
+    timeout 540 python3 -m pytest -m gpu -q -rfE -p no:cacheprovider -k "$select" "$@" \
         >"$out/pytest-$name.txt" 2>&1
     echo "gpu tests, $name (rc $?): $(tail -1 "$out/pytest-$name.txt")"
 }
 
-tests() { gpu_tests tests "not full_size and not tp_"; }
+kernel() { gpu_tests kernel "not full_size and not tp_" tests/test_cuda_kernel.py; }
+tests() { gpu_tests tests "not full_size and not tp_" --ignore=tests/test_cuda_kernel.py; }
 full() { gpu_tests full "full_size"; }
 tp() { gpu_tests tp "tp_"; }
 
