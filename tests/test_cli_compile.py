@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -293,3 +295,12 @@ def test_text_stream_holds_back_incomplete_characters() -> None:
     stream = TextStream(BytesTokenizer(), list("ü".encode()))
     pieces = [stream.push(b) for b in "aé€".encode()]
     assert stream.prompt_text == "ü" and pieces == ["a", "", "é", "", "", "€"]
+
+
+def test_python_dash_m_runs_the_same_command() -> None:
+    """`python -m tilertc` is the `tilertc` command (for a Python whose scripts are not on PATH)."""
+    done = subprocess.run([sys.executable, "-m", "tilertc", "compile", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: tilertc compile [OPTIONS] MODEL")
+    assert "--weight-dtype" in done.stdout
