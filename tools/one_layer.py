@@ -12,17 +12,41 @@ from main, or one made by `tools/kernel_variant.py`) compare on a GPU machine in
     tilertc bench OLD --artifact NEW --systems tilertc --context 1024 --gen 64 --rounds 3
 
 and `tools/stream_probe.py build` makes their page-by-page probes. docs/performance.md's
-sessions 20-22 one-layer figures were measured this way.
+sessions 20-22 one-layer figures were measured this way. The build must come from this script's
+checkout: a `tilertc` installed from another one is refused (session 46 timed main against
+itself that way); docs/performance.md, "How to benchmark", says how to install an older commit
+beside main.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import sys
+from pathlib import Path
 
 import tilertc
 from tilertc.bench import parse_tuning
 from tilertc.bench_layers import kind_overrides, layer_kinds
 from tilertc.driver import TUNING_KNOBS, CompileOptions, compile
+
+# the installed packages and the checkout folders they are made of (pyproject.toml's package-dir)
+PACKAGE_DIRS = {"tilertc": "compiler", "tilertc.ir": "ir", "tilertc.passes": "passes",
+                "tilertc.backends.cuda": "backends/cuda"}
+
+
+def foreign_sources() -> list[str]:
+    """The compiler's source files whose installed copy differs from this checkout's."""
+    checkout = Path(__file__).resolve().parents[1]
+    differ = []
+    for package, folder in PACKAGE_DIRS.items():
+        installed = Path(importlib.import_module(package).__file__).parent
+        for ours in sorted((checkout / folder).glob("*")):
+            if ours.suffix in (".py", ".cuh") and (
+                    not (installed / ours.name).is_file()
+                    or (installed / ours.name).read_bytes() != ours.read_bytes()):
+                differ.append(f"{folder}/{ours.name}")
+    return differ
 
 
 def main() -> None:
@@ -37,6 +61,12 @@ def main() -> None:
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=1, help="layers of the kind [default: 1]")
     args = ap.parse_args()
+    differ = foreign_sources()
+    if differ:
+        sys.exit(f"the tilertc that would build this ({Path(tilertc.__file__).parent}) is not "
+                 f"this checkout's: {', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''} "
+                 "differ. Install this checkout (pip install -e .), or into a folder of its own "
+                 "put on PYTHONPATH (docs/performance.md, 'How to benchmark').")
     spec = tilertc.load_spec(args.model)
     if args.kind not in layer_kinds(spec):
         ap.error(f"{spec.name} has no {args.kind} layers (it has: {', '.join(layer_kinds(spec))})")
