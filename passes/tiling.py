@@ -264,10 +264,13 @@ def _tile_rows(program: Program, op) -> None:
         other = program.graph.op(partner)
         theirs = other.attrs["rows"] * row_bytes(program, other)
         sms = -(-sms * rows * rb // (rows * rb + theirs))  # its tasks no larger than the partner's
-    n = min(rows // quantum, sms)
     appends = "kv_a" in op.attrs.get("io", {})  # its first task appends MLA's latent row
-    share = LATENT_APPEND_SHARE if appends else 1.0
-    bounds = [quantum * b for b in _bounds(rows // quantum, n, share)]
+    bounds = _head_bounds(op, sms, quantum) if "merges" in op.attrs else None
+    by_head = bounds is not None
+    if not by_head:
+        share = LATENT_APPEND_SHARE if appends else 1.0
+        bounds = [quantum * b for b in _bounds(rows // quantum, min(rows // quantum, sms), share)]
+    n = len(bounds) - 1
     for i in range(n):
         r0, r1 = bounds[i], bounds[i + 1]
         program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
@@ -287,7 +290,24 @@ def _tile_rows(program: Program, op) -> None:
                        if quantum > 1 else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
                        f", beside {partner} (by bytes)" if partner else "") + (
+                       ", each within one head" if by_head else "") + (
                        f", on {n} SMs: the ops that start with it run beside it" if router else ""))
+
+
+def _head_bounds(op, sms: int, quantum: int) -> list[int] | None:
+    """Bounds of MLA's v expansion's tasks, each within one head: the same number of tasks a
+    head (as many as the SMs allow), so that a task merges the chunk results of one head, not
+    two (decode.cuh: stage_merged_heads stages a head's results in shared memory, 33 KB on
+    DeepSeek-V3.2, 66 KB on GLM-5's 32 chunks: two heads would not fit). None where the heads
+    outnumber the SMs or a head's rows do not split into whole quanta."""
+    per = op.attrs["rows_per_head"]
+    heads = op.attrs["rows"] // per
+    split = sms // heads
+    if split < 1 or per % quantum:
+        return None
+    split = min(split, per // quantum)
+    cuts = [quantum * b for b in _bounds(per // quantum, split)]
+    return [h * per + c for h in range(heads) for c in cuts[:-1]] + [heads * per]
 
 
 def sms_beside(program: Program, op) -> tuple[int, list[str]]:
