@@ -6,7 +6,9 @@ min(R, #SMs) tasks of consecutive rows whose counts differ by at most one (whole
 for MLA's v expansion where it writes o_proj's ready digits: `writes_v_digits`, a knob): one
 task per SM per op is the finest split that keeps every SM's weight stream equal, and tasks
 larger than a ring page are streamed page by page anyway, so smaller tiles would only add task
-overhead.
+overhead. MLA's v expansion instead takes the same number of tasks in every head, as many as
+the SMs allow (`_head_bounds`: DeepSeek-V3.2 128 tasks of a head, GLM-5 two of a half), so that
+a task merges one head's chunk results, which it stages whole in shared memory.
 An op that starts with earlier ops it does not wait for takes only the SMs they leave, when
 that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
 that both run at once. A small op whose result is not wanted before a larger one's that starts
