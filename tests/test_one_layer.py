@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -41,3 +42,40 @@ def test_another_checkouts_sources_are_named(tmp_path: Path) -> None:
 def test_the_folders_are_pyprojects_package_dirs(package: str) -> None:
     text = (ROOT / "pyproject.toml").read_text()
     assert f'"{package}" = "{PACKAGE_DIRS[package]}"' in text
+
+
+def one_layer(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "one_layer.py"), *args],
+                          capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
+def cubin_sha(artifact: Path) -> str:
+    return json.loads((artifact / "manifest.json").read_text())["kernel"]["cubin_sha256"]
+
+
+def test_at_builds_with_another_commits_compiler(tmp_path: Path) -> None:
+    """--at REV builds in a worktree of REV installed into its own folder: at HEAD, with a
+    clean working tree, the cubin this checkout's compiler makes."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    home = ROOT / ".out" / f"at-{head[:12]}"
+    cached = home.exists()
+    try:
+        done = one_layer(tmp_path, "llama-tiny", "dense", "at-head", "--at", "HEAD")
+        assert done.returncode == 0, done.stderr
+        assert (home / "site" / "tilertc").is_dir()
+        clean = not subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode
+        if clean:  # (edits in the working tree are not HEAD's: then only that it built)
+            direct = one_layer(tmp_path, "llama-tiny", "dense", "direct")
+            assert direct.returncode == 0, direct.stderr
+            assert cubin_sha(tmp_path / "at-head") == cubin_sha(tmp_path / "direct")
+    finally:
+        if not cached:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
+                            str(home / "tree")], capture_output=True)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def test_at_refuses_what_is_not_a_commit(tmp_path: Path) -> None:
+    done = one_layer(tmp_path, "llama-tiny", "dense", "x", "--at", "no-such-rev")
+    assert done.returncode == 1 and "--at no-such-rev: not a commit of" in done.stderr

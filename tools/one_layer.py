@@ -1,7 +1,7 @@
 """Build a one-layer model of a layer kind, for kernel experiments without a GPU:
 
     python tools/one_layer.py MODEL KIND OUT [--weight-dtype fp8|bf16] [--tune KNOB=N ...]
-                              [--layers N]
+                              [--layers N] [--at REV]
 
 KIND is `dense` or `moe`. The artifact is the model's config with one layer of that kind (or
 N: what crosses a layer boundary, e.g. a layer's output as the next one's ready digits), the
@@ -14,14 +14,17 @@ from main, or one made by `tools/kernel_variant.py`) compare on a GPU machine in
 and `tools/stream_probe.py build` makes their page-by-page probes. docs/performance.md's
 sessions 20-22 one-layer figures were measured this way. The build must come from this script's
 checkout: a `tilertc` installed from another one is refused (session 46 timed main against
-itself that way); docs/performance.md, "How to benchmark", says how to install an older commit
-beside main.
+itself that way). `--at REV` builds with the compiler of another commit instead: a worktree of
+this checkout at REV, installed into a folder of its own (both under `.out/at-SHA`, kept for the
+next build), runs its own copy of this tool.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -49,6 +52,37 @@ def foreign_sources() -> list[str]:
     return differ
 
 
+def build_at(rev: str, args: argparse.Namespace) -> int:
+    """Runs this build with the compiler of commit `rev` (see the module docstring); its exit
+    status."""
+    checkout = Path(__file__).resolve().parents[1]
+    found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--verify", "--quiet",
+                            f"{rev}^{{commit}}"], capture_output=True, text=True)
+    if found.returncode:
+        sys.exit(f"--at {rev}: not a commit of {checkout}")
+    sha = found.stdout.strip()
+    home = checkout / ".out" / f"at-{sha[:12]}"
+    tree, site = home / "tree", home / "site"
+    if not tree.is_dir():
+        # (-f: a worktree whose folder went with .out is still registered)
+        subprocess.run(["git", "-C", str(checkout), "worktree", "add", "-f", "--detach", str(tree),
+                        sha], check=True, capture_output=True)
+    if not (site / "tilertc").is_dir():
+        print(f"installing {sha[:12]}'s tilertc into {site}", file=sys.stderr)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                        "--no-build-isolation", "--target", str(site), str(tree)], check=True)
+    model = Path(args.model)
+    argv = [str(model.resolve()) if model.exists() else args.model, args.kind,
+            str(Path(args.out).resolve())]
+    argv += ["--weight-dtype", args.weight_dtype] if args.weight_dtype else []
+    argv += [f"--tune={t}" for t in args.tune]
+    argv += ["--max-seq-len", str(args.max_seq_len)] if args.max_seq_len != 2048 else []
+    argv += ["--layers", str(args.layers)] if args.layers != 1 else []
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, str(tree / "tools" / "one_layer.py"), *argv],
+                          env=env, cwd=home).returncode
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a built-in name or a config.json")
@@ -60,13 +94,16 @@ def main() -> None:
                     help=f"a schedule knob ({', '.join(TUNING_KNOBS)}), as `tilertc compile`")
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=1, help="layers of the kind [default: 1]")
+    ap.add_argument("--at", metavar="REV", help="build with the compiler of this commit")
     args = ap.parse_args()
+    if args.at:
+        sys.exit(build_at(args.at, args))
     differ = foreign_sources()
     if differ:
         sys.exit(f"the tilertc that would build this ({Path(tilertc.__file__).parent}) is not "
                  f"this checkout's: {', '.join(differ[:4])}{' ...' if len(differ) > 4 else ''} "
-                 "differ. Install this checkout (pip install -e .), or into a folder of its own "
-                 "put on PYTHONPATH (docs/performance.md, 'How to benchmark').")
+                 "differ. Install this checkout (pip install -e .), or build with another "
+                 "commit's compiler by --at REV.")
     spec = tilertc.load_spec(args.model)
     if args.kind not in layer_kinds(spec):
         ap.error(f"{spec.name} has no {args.kind} layers (it has: {', '.join(layer_kinds(spec))})")
