@@ -1158,7 +1158,6 @@ __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
-static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
