@@ -35,7 +35,7 @@ from tilertc.driver import TUNING_KNOBS, CompileOptions, compile
 
 # the installed packages and the checkout folders they are made of (pyproject.toml's package-dir)
 PACKAGE_DIRS = {"tilertc": "compiler", "tilertc.ir": "ir", "tilertc.passes": "passes",
-                "tilertc.backends.cuda": "backends/cuda"}
+                "tilertc.backends.cuda": "backends/cuda", "tilertc.model_specs": "model_specs"}
 
 
 def foreign_sources() -> list[str]:
