@@ -2,7 +2,7 @@
 
 Two ops choose: an MoE router (its experts) and a DSA indexer's top-k (its context tokens).
 The kernel computes the values they choose by in other summation orders than the interpreter,
-and FP8 tile projections round their inputs further (`decode.cuh: stage_digits`), so two
+and FP8 tile projections round their inputs further (`decode/tile_digits.cuh: stage_digits`), so two
 candidates within that rounding of each other may be chosen either way. Such a step then
 computes something else by design and its logits are not comparable; any other difference is
 a bug. Once a layer chose otherwise, every later layer sees another input: its choices are not

@@ -51,9 +51,9 @@ class CompileOptions:
     # A dense MLP as one split-K op per layer instead of gate/up then down (passes/fusion.py:
     # _fuse_split_k); off: measured no faster on the H200 (docs/performance.md).
     ffn_split_k: bool = False
-    # FP8 dense projections as tiles on the tensor cores (wgmma, decode.cuh: tile_pages) instead
-    # of rows on the CUDA cores. None: the tiling pass tiles what fits (FP8 weights, --tp 1, the
-    # CUDA backend) unless the cost model predicts the step faster with rows (make_program);
+    # FP8 dense projections as tiles on the tensor cores (wgmma, decode/tile_pages.cuh: tile_pages)
+    # instead of rows on the CUDA cores. None: the tiling pass tiles what fits (FP8 weights, --tp 1,
+    # the CUDA backend) unless the cost model predicts the step faster with rows (make_program);
     # True: asked for, and refused where it cannot run; False: rows only.
     fp8_mma: bool | None = None
     # FP8 tile tasks' inputs written as digits by the projection that makes them, instead of

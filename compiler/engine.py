@@ -55,10 +55,10 @@ __all__ = [
     "read_manifest",
 ]
 
-PARAM_WORDS = 24  # decode.cuh: Params, 8-byte words (two more under tp: rank, peers)
-SAMPLE_WORDS = 4  # decode.cuh: SampleArgs, 8-byte words
+PARAM_WORDS = 24  # decode/task_table.cuh: Params, 8-byte words (two more under tp: rank, peers)
+SAMPLE_WORDS = 4  # decode/task_table.cuh: SampleArgs, 8-byte words
 STATUS_WORDS = 8
-ST_NUCLEUS_CUT = 6  # decode.cuh: Status, steps whose nucleus was cut to the candidates
+ST_NUCLEUS_CUT = 6  # decode/task_table.cuh: Status, steps whose nucleus was cut to the candidates
 ERROR_NAMES = {1: "watchdog", 2: "bad token id", 3: "context overflow", 4: "weight ring stalled"}
 
 
@@ -206,8 +206,9 @@ def _driver():
 
 
 def sample_words(params: SamplingParams) -> list[int]:
-    """decode.cuh: SampleArgs as int64 words: temperature and top_p as the float64 bits of their
-    float32 values (the precision the kernel and the reference use), top_k, the seed's bits."""
+    """decode/task_table.cuh: SampleArgs as int64 words: temperature and top_p as the float64 bits
+    of their float32 values (the precision the kernel and the reference use), top_k, the seed's
+    bits."""
 
     def f64_bits(x: np.float32) -> int:
         return int(np.float64(x).view(np.int64))
@@ -306,7 +307,8 @@ class Engine:
         self.host_count = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.host_stop = torch.zeros(1, dtype=torch.int32).pin_memory()
         self.params = torch.zeros(PARAM_WORDS + 2 * (ranks(m) > 1), dtype=torch.int64, device=dev)
-        self.peers: torch.Tensor | None = None  # tp: every rank's act and counters (decode.cuh)
+        # tp: every rank's act and counters (decode/task_table.cuh: PeerTable)
+        self.peers: torch.Tensor | None = None
         self.sample_args = torch.zeros(SAMPLE_WORDS, dtype=torch.int64, device=dev)
         self.profile: torch.Tensor | None = None
 

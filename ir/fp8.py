@@ -95,9 +95,9 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return out
 
 
-# FP8 tiles (decode.cuh: tile_pages): the layout in which the kernel's tensor cores (wgmma,
-# e4m3) read a projection's weights. A row of k columns is cut into S segments (S = 8 when k is
-# a multiple of 1024, else 4: segments of whole 128-column blocks), and a tile is 64 / S
+# FP8 tiles (decode/tile_pages.cuh: tile_pages): the layout in which the kernel's tensor cores
+# (wgmma, e4m3) read a projection's weights. A row of k columns is cut into S segments (S = 8 when k
+# is a multiple of 1024, else 4: segments of whole 128-column blocks), and a tile is 64 / S
 # consecutive rows of one weight, so that segment j of row r is row m = (64 / S) j + r of a
 # 64-row operand. A tile is streamed as units of C columns of every segment: the unit's 64 x C
 # values as 8x16-byte core matrices (column c of row m at (c / 32) 2048 + (c % 32 / 16) 1024 +
@@ -106,13 +106,13 @@ def pack_rows(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 TILE_BLOCK_COLS = 128  # the one scale block width tiles take: a unit is one or two blocks
 TILE_UNIT_MAX_COLS = 2 * TILE_BLOCK_COLS
 TILE_M = 64  # rows of the tensor cores' operand: a tile's rows x its segments
-# rows a producer of ready digits digitizes with one exponent (passes/digits.py; decode.cuh:
-# DIGIT_GROUP), so its tasks are whole groups
+# rows a producer of ready digits digitizes with one exponent (passes/digits.py;
+# decode/ready_digits.cuh: DIGIT_GROUP), so its tasks are whole groups
 DIGIT_GROUP_ROWS = 8
 
 
 def tile_segments(k: int) -> int | None:
-    """S, the segments of a tiled row of k columns (decode.cuh: tile_segments); None when k
+    """S, the segments of a tiled row of k columns (decode/shared.cuh: tile_segments); None when k
     does not cut into 4 segments of whole 128-column blocks."""
     return 8 if k % 1024 == 0 else 4 if k % 512 == 0 else None
 

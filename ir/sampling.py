@@ -241,7 +241,7 @@ def sample_tokens(logits: torch.Tensor, positions: torch.Tensor,
 # -- a model of the kernel's algorithm ----------------------------------------------------------
 
 def order_key(x: np.ndarray) -> np.ndarray:
-    """float32 -> uint32 with the same order (decode.cuh: order_key)."""
+    """float32 -> uint32 with the same order (decode/sampling.cuh: order_key)."""
     bits = np.asarray(x, dtype=np.float32).view(np.uint32)
     return np.where(bits >> np.uint32(31), ~bits, bits | np.uint32(0x80000000)).astype(np.uint32)
 
@@ -252,9 +252,9 @@ def row_bits(vocab: int) -> int:
 
 
 def select_top(keys: np.ndarray, rows: np.ndarray, want: int, bits_of_rows: int) -> np.ndarray:
-    """Mask of the `want` largest keys (ties: the lowest rows), as decode.cuh's `select_top`
-    finds them with block-wide counts: the want-th largest key bit by bit from the top, then,
-    if more keys equal it than fit, the largest row taken among those, bit by bit."""
+    """Mask of the `want` largest keys (ties: the lowest rows), as decode/sampling.cuh's
+    `select_top` finds them with block-wide counts: the want-th largest key bit by bit from the top,
+    then, if more keys equal it than fit, the largest row taken among those, bit by bit."""
     keys = keys.astype(np.uint32)
     kth, at = 0, keys.size  # at: how many keys are >= kth
     for b in range(31, -1, -1):
@@ -367,5 +367,5 @@ def candidate_slots(rows: int, tasks: int) -> int:
 
 def partials_floats(rows: int, tasks: int) -> int:
     """fp32 words of `sample_partials`: (m_t, s_t) per task, then every task's candidate
-    logits, then their rows (decode.cuh: CANDIDATE_LOGITS, CANDIDATE_ROWS)."""
+    logits, then their rows (decode/sampling.cuh: CANDIDATE_LOGITS, CANDIDATE_ROWS)."""
     return tasks * (2 + 2 * candidate_slots(rows, tasks))

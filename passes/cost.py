@@ -47,10 +47,10 @@ MLA_CHAIN_NS = 24000.0
 # 8 tasks of ~47 KB per SM per layer, took 3.78 us per task (dependencies met to done) where
 # its bytes at the SM's share of 4.4 TB/s take 1.43 us: ~2.4 us of fixed cost per task.
 TASK_NS = 2400.0
-# Staging an FP8 tile task's input as digits (decode.cuh: stage_digits, a warp STAGE_BLOCKS
-# blocks at a time), on the H200 (docs/performance.md): 0.8-1.0 us longer than a bf16 task's
-# copy at llama-3.1-8b's K = 4096 (session 18, then 2 rounds of a block a warp; one round of 4
-# since session 22, which left that model's step time as it was), and 1.0-1.8 us for each
+# Staging an FP8 tile task's input as digits (decode/tile_digits.cuh: stage_digits, a warp
+# STAGE_BLOCKS blocks at a time), on the H200 (docs/performance.md): 0.8-1.0 us longer than a bf16
+# task's copy at llama-3.1-8b's K = 4096 (session 18, then 2 rounds of a block a warp; one round of
+# 4 since session 22, which left that model's step time as it was), and 1.0-1.8 us for each
 # further round (session 22 stream probes: llama-3.1-8b's down, K = 14336, against its o_proj;
 # DeepSeek-V3.2's o_proj and dense down, 1.2-1.5 us faster at 2 and 3 rounds than at 8 and 9).
 # Since session 25 the input comes in one round trip (cp.async) and a round is the conversion
@@ -123,8 +123,8 @@ def task_fixed_ns(program: Program, task: Task) -> float:
 
 
 def digit_staging_ns(program: Program, op: Op) -> float:
-    """What staging an FP8 tile op's input as digits (decode.cuh: stage_digits) adds to its
-    boundary, none where its producer made them (ready digits), and what writing its
+    """What staging an FP8 tile op's input as digits (decode/tile_digits.cuh: stage_digits) adds to
+    its boundary, none where its producer made them (ready digits), and what writing its
     consumer's digits adds to a producer's: 0 for any other op."""
     if not is_tiled(program, op):
         return 0.0

@@ -1,8 +1,8 @@
 """Ready digits: which FP8 tile tasks read their input as digits that its producer wrote.
 
 An FP8 tile task multiplies its weights with its input as four e4m3 digits per column
-(decode.cuh: stage_digits). Converting the input is instruction-bound and every SM that runs a
-task of the op converts all of it: on an H200, 2.7 µs a task and ~0.68 ms of qwen3-32b's
+(decode/tile_digits.cuh: stage_digits). Converting the input is instruction-bound and every SM that
+runs a task of the op converts all of it: on an H200, 2.7 µs a task and ~0.68 ms of qwen3-32b's
 12 ms token, all of it on the critical path (docs/performance.md, session 26). Where the input
 is the whole output of one tiled dense projection, that projection's tasks can write the digits
 of their own rows instead, once, beside the fp32 values, and the consumer only copies them in.
@@ -13,7 +13,7 @@ group; tiled tasks own whole groups) with its own exponent rounded up to a multi
 digit position. The consumer takes a block's largest group exponent and moves every other
 group's digits down by whole digits: each value is kept to 2^-12 of its block's largest |x|
 (stage_digits: 2^-16). A group's exponent and, where the consumer normalizes its input, its sum
-of squares go into the same buffer (decode.cuh: put_ready_digits, stage_ready_digits).
+of squares go into the same buffer (decode/ready_digits.cuh: put_ready_digits, stage_ready_digits).
 
 Decides, unless the `ready_digits` knob is 0 (on by default wherever there are FP8 tiles: a
 decode step was as fast or faster in every model measured, docs/performance.md, sessions 26-27;

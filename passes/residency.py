@@ -39,7 +39,7 @@ from tilertc.passes.sharding import exchange_ops
 from tilertc.passes.tiling import MATVEC, ROUTED, is_fp8_rows, is_tiled, stream_row_bytes
 
 ALIGN = 16  # elements; keeps every buffer 64-byte aligned
-# the tiled ops whose tasks normalize their input first (decode.cuh: normed; its third,
+# the tiled ops whose tasks normalize their input first (decode/shared.cuh: normed; its third,
 # ffn_split_k, takes bf16 weights only, never tiles)
 NORMED = ("norm_matvec", "moe_gate_up")
 PAGE_KB = 64  # smallest ring page: fewer, larger pages cost fewer hand-offs per byte
@@ -49,17 +49,17 @@ MLA_KEYS = 32  # cache rows an MLA attention task scores, then accumulates, at a
 MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of them used)
 MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
 # floats a chunk result's window in v_expand's staging takes past its MLA_RANK sums: 16-byte
-# copies of results that start on 8 bytes (decode.cuh: MERGE_WINDOW, stage_merged_heads)
+# copies of results that start on 8 bytes (decode/staging.cuh: MERGE_WINDOW, stage_merged_heads)
 MERGE_WINDOW_PAD = 4
 DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
-TASK_SLOT = 64  # fields a task row's slot in shared memory holds (decode.cuh: run_compute)
+TASK_SLOT = 64  # fields a task row's slot in shared memory holds (decode/kernel.cuh: run_compute)
 TASK_ROW_BYTES = 2 * TASK_SLOT * 4  # two slots: this task's row and the next's
 
 
 def smem_bytes(pages: int, page: int, vec_floats: int, acc_floats: int) -> int:
     """Shared memory of one CTA: the ring, two mbarriers per page, the staged vector, the row
-    sums, reduction scratch, flags and task rows (the layout of decode.cuh's `carve`)."""
+    sums, reduction scratch, flags and task rows (the layout of decode/shared.cuh's `carve`)."""
     floats = -(-vec_floats // 4) * 4 + -(-acc_floats // 4) * 4 + REDUCTION_FLOATS
     return pages * page + 16 * pages + 4 * floats + FLAG_BYTES + TASK_ROW_BYTES
 
@@ -69,7 +69,7 @@ def _align(n: int) -> int:
 
 
 def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
-    """Shared memory (fp32 words) of an MLA attention chunk task (decode.cuh: MlaStage, whose
+    """Shared memory (fp32 words) of an MLA attention chunk task (decode/mla.cuh: MlaStage, whose
     static_assert checks it against MAX_K): the queries of a 16-row mma tile as bf16 hi and
     lo, a block of `MLA_KEYS` cache rows (bf16; rows and queries padded to a multiple of 64
     values plus 8, so that fragment loads hit distinct banks), the block's scores summed over
@@ -81,7 +81,7 @@ def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
 
 
 def dsa_staged_floats(heads: int, dim: int) -> int:
-    """Shared memory (fp32 words) of a DSA indexer chunk task (decode.cuh: DsaStage, whose
+    """Shared memory (fp32 words) of a DSA indexer chunk task (decode/dsa.cuh: DsaStage, whose
     static_assert checks it against MAX_K): the queries as bf16 hi and lo in m-tiles of 16
     heads, a block of `DSA_KEYS` key rows (bf16; rows and queries padded to a multiple of 64
     values plus 8, so that fragment loads hit distinct banks), each m-tile's sums of a block's
@@ -105,7 +105,7 @@ def _staged_floats(program: Program) -> int:
             chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
             # the merge's factors, offsets and windows (3: the windows' alignment); FP8 rows:
             # after the merge, each head's x also as three bf16 parts and a zero one
-            # (decode.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
+            # (decode/matvec.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
             merge = 2 * chunks + chunks * (a["K"] + MERGE_WINDOW_PAD) + 3 if chunks else 0
             per_head = max(a["K"] + merge, 3 * a["K"] if is_fp8_rows(program, g.op(t.op)) else 0)
             need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
@@ -122,8 +122,9 @@ def _staged_floats(program: Program) -> int:
 def _tile_staged_floats(op) -> int:
     """Shared memory (fp32 words) of an FP8 tile task's input: 4 bytes of digits per column
     and a factor per 128-column block; a normed task's norm weight beside them
-    (decode.cuh: stage_digits), or, where its producer made the digits, the rest of their
-    buffer, copied in with them (passes/digits.py, decode.cuh: stage_ready_digits)."""
+    (decode/tile_digits.cuh: stage_digits), or, where its producer made the digits, the rest of
+    their buffer, copied in with them (passes/digits.py, decode/ready_digits.cuh:
+    stage_ready_digits)."""
     k = op.attrs["K"]
     if op.attrs.get("ready_digits"):
         return k // 128 + digits_floats(op)
@@ -132,7 +133,7 @@ def _tile_staged_floats(op) -> int:
 
 def _tile_floats(program: Program, op) -> int:
     """An FP8 tile task's input and, past it, the row sums of every compute warpgroup but the
-    first (which adds into the row sums' own space; decode.cuh: tile_sums)."""
+    first (which adds into the row sums' own space; decode/tile_pages.cuh: tile_sums)."""
     return _tile_staged_floats(op) + (compute_warps(program) // 4 - 1) * _row_sums(op)
 
 

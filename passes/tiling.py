@@ -71,7 +71,7 @@ from tilertc.passes.program import Program, ScheduleError, Task, WeightSegment
 MAX_ATTENTION_CHUNKS = 32
 MERGE_SMEM_SHARE = 3  # the merge's staged chunk results get at most 1/3 of shared memory
 MLA_HEADS_PER_TASK = 16
-# The q absorption's first task also runs MLA's latent prologue and appends the row (decode.cuh:
+# The q absorption's first task also runs MLA's latent prologue and appends the row (decode/mla.cuh:
 # mla_append_latent), which took ~2.4 us beyond the op's median task on the H200 (the last task
 # of the op in every profiled step, DeepSeek-V3.2 and GLM-5, session 37), about a ring page of
 # its short rows (2.7 us): it takes half a share of the rows, the others the rest.
@@ -143,7 +143,7 @@ def tile_weights(op) -> tuple[int, list[str]]:
     projection's K and weights; the routed gate/up's K and every expert's gate and up weights;
     a MoE down projection's piece, a slot's intermediate columns, and every expert's down
     weight, then the shared expert's (each piece of a row from its own weight, its sum over its
-    own part of the input: decode.cuh, tile_pieces)."""
+    own part of the input: decode/shared.cuh, tile_pieces)."""
     if op.opcode == "moe_down_add":
         _, _, _, _, _, experts, shared = down_inputs(op)
         return op.attrs["intermediate_size"], [*experts, *([shared] if shared else [])]
@@ -154,9 +154,9 @@ def tile_weights(op) -> tuple[int, list[str]]:
 
 def _fp8_tiles_fit(program: Program, op) -> bool:
     """Whether the FP8 weights of `op` stream as tiles for the tensor cores (unless the
-    `fp8_mma` knob is 0; decode.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense projection
-    (`norm_matvec`, `matvec_add`), the routed gate/up, or a MoE down projection (whose shared
-    expert, if any, is a slot wide) on one GPU, whose weights are 128-column scale blocks, of
+    `fp8_mma` knob is 0; decode/tile_pages.cuh: tile_pages, ir/fp8.py: pack_tiles): a dense
+    projection (`norm_matvec`, `matvec_add`), the routed gate/up, or a MoE down projection (whose
+    shared expert, if any, is a slot wide) on one GPU, whose weights are 128-column scale blocks, of
     rows in whole tiles (`ir/fp8.py: tile_rows`: 8, or 16 when K is a multiple of 512 but not
     of 1024; they then never straddle a scale block's rows), and whose K (a down projection's:
     a slot's) cuts into segments of whole blocks. MLA's head rows and other shapes keep their
@@ -206,7 +206,7 @@ def is_fp8_rows(program: Program, op) -> bool:
 
 def stream_row_bytes(program: Program, op) -> int:
     """Bytes of what a ring page holds whole of a matrix-vector op: a row, or a tiled op's
-    unit (decode.cuh: stream_rows)."""
+    unit (decode/shared.cuh: stream_rows)."""
     if is_tiled(program, op):
         return tile_unit_bytes(tile_weights(op)[0])
     return row_bytes(program, op)
@@ -299,7 +299,7 @@ def _tile_rows(program: Program, op) -> None:
 def _head_bounds(op, sms: int, quantum: int) -> list[int] | None:
     """Bounds of MLA's v expansion's tasks, each within one head: the same number of tasks a
     head (as many as the SMs allow), so that a task merges the chunk results of one head, not
-    two (decode.cuh: stage_merged_heads stages a head's results in shared memory, 33 KB on
+    two (decode/staging.cuh: stage_merged_heads stages a head's results in shared memory, 33 KB on
     DeepSeek-V3.2, 66 KB on GLM-5's 32 chunks: two heads would not fit). None where the heads
     outnumber the SMs or a head's rows do not split into whole quanta."""
     per = op.attrs["rows_per_head"]

@@ -4,7 +4,7 @@ A schedule is right when, however the SMs interleave, no SM waits forever, no ta
 region before the task that should write it in that step has done so (or after a later writer
 overwrote it), and the logits of every step are the interpreter's.
 
-The model is the kernel's (backends/cuda/decode.cuh): each SM runs its stream in order once per
+The model is the kernel's (backends/cuda/decode/): each SM runs its stream in order once per
 decode step; before the first task of step s > 0 it waits for the sampler's counter to reach s;
 before a task it waits, for each (counter, per_step, lag), until counter >= per_step *
 (step + 1 - lag); after it the task increments its counter, or, for a chunked op, its group's

@@ -1,5 +1,5 @@
-// The FP8 dot product of backends/cuda/decode.cuh (dot_groups, Fp8Row, dot_segment_fp8), run on the host
-// (tests/test_fp8_kernel.py).
+// The FP8 dot product of the device library (decode/dot.cuh: dot_groups, Fp8Row, dot_segment_fp8),
+// run on the host (tests/test_fp8_kernel.py).
 //
 // The test extracts the kernel's FP8 section into fp8_extract.inc and compiles this file with
 // -DFP8_BLOCK_COLS=... and the CUDA include directory: cuda_fp8.h converts e4m3 on the host as

@@ -1,4 +1,5 @@
-// The sampling code of backends/cuda/decode.cuh, run on the host (tests/test_sampling.py).
+// The sampling code of the device library (backends/cuda/decode/), run on the host
+// (tests/test_sampling.py).
 //
 // The test extracts the kernel's own definitions (task table, parameters, shared-memory
 // struct, the sampling section, write_best, sample_lm_head, publish_token, run_argmax) into
@@ -102,7 +103,7 @@ static inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 static inline long long __float2ll_rn(float x) { return std::llrint(x); }  // round to nearest even
 static inline float __ll2float_rn(long long v) { return static_cast<float>(v); }
 #define __expf expf  // glibc declares __expf; the GPU intrinsic is a faster expf
-static inline float exp_ftz(float x) { return expf(x); }  // decode.cuh: one MUFU.EX2 on the GPU
+static inline float exp_ftz(float x) { return expf(x); }  // decode/ptx.cuh: one MUFU.EX2 on the GPU
 static inline uint32_t __float_as_uint(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 static inline float __uint_as_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 static inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
@@ -128,7 +129,7 @@ static inline int atomicCAS(int* p, int cmp, int v) {
 static inline unsigned atom_add_acq_rel(unsigned* p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline void __threadfence_system() {}
 #if WEIGHT_FP8
-// The FP8 dot product's conversion (decode.cuh: Fp8Row): a pair of e4m3 values to a pair of
+// The FP8 dot product's conversion (decode/dot.cuh: Fp8Row): a pair of e4m3 values to a pair of
 // f16 and on to float2. Every e4m3 value is exactly a float (and an f16), so the pair is
 // decoded straight to floats; tests/test_fp8_kernel.py runs the same dot product with
 // cuda_fp8.h's own conversion.
@@ -270,7 +271,7 @@ static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ri
 static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
 static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
 #if MLA
-// The tensor cores' mma.m16n8k16 with f32 accumulation (decode.cuh: mma_bf16_16816 for MLA
+// The tensor cores' mma.m16n8k16 with f32 accumulation (decode/ptx.cuh: mma_bf16_16816 for MLA
 // attention, inline PTX there). The mma gathers the warp's 32 lanes' fragments through a
 // per-warp buffer between two barriers and computes each lane's D = A * B + D in float,
 // reading A and B back out of the fragments as the PTX ISA lays out m16n8k16 .bf16 (group g =
@@ -303,7 +304,7 @@ static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
 }
 #endif
 #if FP8_MMA
-// The tensor cores' wgmma (decode.cuh: smem_desc, Wgmma<N>::mma and its fences, inline
+// The tensor cores' wgmma (decode/ptx.cuh: smem_desc, Wgmma<N>::mma and its fences, inline
 // PTX there). A descriptor here is the operand's host address with lbo / 16 and sbo / 16 above
 // it (user-space addresses fit in 48 bits). Each thread computes its own D elements from shared
 // memory at the call, as the PTX ISA lays out the operands (K-major core matrices: element

@@ -1,16 +1,16 @@
-"""Pieces of backends/cuda/decode.cuh, cut out by their first lines, for the harnesses that run
-the kernel's own device code on the host (tests/host_kernel.cpp)."""
+"""Pieces of the device library (backends/cuda/decode/), cut out by their first lines, for the
+harnesses that run the kernel's own device code on the host (tests/host_kernel.cpp)."""
 
 from __future__ import annotations
 
-from tilertc.backends.cuda.codegen import LIBRARY
+from tilertc.backends.cuda.codegen import library_source
 
 
 class KernelSource:
-    """decode.cuh as text, and the ways the harnesses cut it."""
+    """The device library as one text (its parts in order), and the ways the harnesses cut it."""
 
     def __init__(self) -> None:
-        self.src = LIBRARY.read_text()
+        self.src = library_source()
 
     def between(self, start: str, end: str) -> str:
         """From the line that begins with `start` up to `end`."""

@@ -1,10 +1,10 @@
-// An FP8 gate/up row pair's dot products (backends/cuda/decode.cuh: dot_segment_fp8_pair,
+// An FP8 gate/up row pair's dot products (backends/cuda/decode/dot.cuh: dot_segment_fp8_pair,
 // dot_groups of N = 2 rows sharing each load of the input) against each row's own
 // (dot_segment_fp8, N = 1) (tests/test_row_pair_dot.py). nvcc builds it as a cubin with the
 // kernel `row_pair_dot` (one warp per case, on a GPU); g++ as a host program (the 32 lanes of a
 // warp are threads, warp_sum meets them at a barrier) that reads DIR/cases.bin, DIR/rows.bin and
-// DIR/x.bin and writes DIR/out.bin. The test extracts decode.cuh's row loop and FP8 rows into
-// pair_extract.inc (with warp_sum for the GPU) and defines FP8_BLOCK_COLS.
+// DIR/x.bin and writes DIR/out.bin. The test extracts the device library's row loop and FP8 rows
+// into pair_extract.inc (with warp_sum for the GPU) and defines FP8_BLOCK_COLS.
 //
 // A case is 7 int32 (struct Case): its two packed rows (ir/fp8.py: packed_row_bytes) lie at
 // rows + offset and rows + offset + stride (bytes, as a gate/up row's halves), the input at

@@ -1,4 +1,5 @@
-"""GQA attention's chunk merge (passes/tiling.py: `merge_chunks`; decode.cuh: run_attention).
+"""GQA attention's chunk merge (passes/tiling.py: `merge_chunks`; decode/attention.cuh:
+run_attention).
 
 The last chunk task of a KV group merges every chunk's partial softmax result. It stages them in
 shared memory `merge_chunks` at a time, so that the chunk count follows the SMs rather than what
@@ -62,7 +63,7 @@ def test_attn_chunks_knob_caps_the_chunks() -> None:
 def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkeypatch, room: int,
                                                           prefill: int, sms: int, chunks: int,
                                                           heads: int) -> None:
-    """decode.cuh's own step on the host with the merge given room for `room` chunk results
+    """the device library's own step on the host with the merge given room for `room` chunk results
     (its own and room - 1 staged): with 3 staged, 32 chunks merge in 11 batches, the last of 2,
     and at a 20-token prompt 11 chunks are empty; with 1 staged, the 4 compute warps sum their
     partial results in 2 rounds over 2 slots (WARP_SLOTS), on a GPU of 8 SMs so that every warp
@@ -84,8 +85,9 @@ def test_merge_in_batches_on_the_host_is_the_interpreters(tmp_path: Path, monkey
 
 
 def test_eight_query_heads_a_kv_head_on_the_host_is_the_interpreters(tmp_path: Path) -> None:
-    """8 query heads a KV head (Qwen3-32B, Qwen3-30B-A3B; the tiny models have 2): decode.cuh's
-    own step on the host equals the interpreter, keys split over 4 warps and several chunks."""
+    """8 query heads a KV head (Qwen3-32B, Qwen3-30B-A3B; the tiny models have 2): the device
+    library's own step on the host equals the interpreter, keys split over 4 warps and several
+    chunks."""
     spec = dataclasses.replace(tilertc.load_spec("qwen3-tiny"), num_heads=16)
     assert spec.num_heads // spec.num_kv_heads == 8
     target = dataclasses.replace(get_target("h200"), num_sms=8)

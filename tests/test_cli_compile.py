@@ -61,6 +61,16 @@ def test_compile_writes_a_checked_artifact_and_reports_it(artifact: Path) -> Non
         assert fact in result.stdout
 
 
+def test_kernel_source_is_the_device_librarys_parts_in_order(artifact: Path) -> None:
+    """kernel.cu holds every part of backends/cuda/decode/ once, in `LIBRARY`'s order (each
+    uses what the ones before it define), and the folder has no part that `LIBRARY` leaves out."""
+    assert sorted(codegen.LIBRARY_DIR.glob("*.cuh")) == sorted(codegen.LIBRARY)
+    src = (artifact / "kernel.cu").read_text()
+    at = [src.index(f"// backends/cuda/decode/{part.name}\n{part.read_text()}")
+          for part in codegen.LIBRARY]
+    assert at == sorted(at) and len(set(at)) == len(at)
+
+
 def test_the_summary_names_the_fp8_path_the_compiler_chose(artifact: Path) -> None:
     """Where make_program chose between FP8 tiles and rows, the summary's weights row says
     which and why; a bf16 build's has no such line (here a manifest with the decision added)."""

@@ -220,8 +220,8 @@ def test_attention_chunks_over_several_ring_pages(tmp_path) -> None:
 
 def test_eight_query_heads_a_kv_head_match_interpreter(tmp_path) -> None:
     """Groups of 8 query heads of 128 dims a KV head (Qwen3-32B, Qwen3-30B-A3B) split the
-    heads over two sets of warps (decode.cuh: HEAD_SETS), each key read by a warp of each set;
-    teacher-forced logits match the interpreter with 16 compute warps on every chunk."""
+    heads over two sets of warps (decode/attention.cuh: HEAD_SETS), each key read by a warp of each
+    set; teacher-forced logits match the interpreter with 16 compute warps on every chunk."""
     spec = tilertc.load_spec("qwen3-tiny", overrides={"num_attention_heads": 16, "head_dim": 128})
     engine = Engine.load(compile(spec, tmp_path, CompileOptions(max_seq_len=512)), random_seed=77)
     k = engine.m["kernel"]["constants"]

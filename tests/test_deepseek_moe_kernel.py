@@ -241,7 +241,7 @@ STEPS = [("bf16", {}, "h200", 20, ONE_ROW),
 def test_kernel_step_with_deepseek_moe_on_the_host_is_the_interpreters(
         tmp_path: Path, dtype: str, overrides: dict[str, Any], target: Any,
         prefill: int, covers: dict[str, int]) -> None:
-    """One decode step of decode.cuh's own code, dense first layer, MoE layers (router,
+    """One decode step of the device library's own code, dense first layer, MoE layers (router,
     routed experts fetched by the loader's route_pieces / copy_pieces, shared expert) and MLA
     attention, from the task table, packed weights and arenas, against the interpreter (bf16
     cache as the kernel's) on bf16 or FP8 weights: every MoE layer's expert ids exactly and

@@ -235,7 +235,7 @@ STEPS = [
 def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
         tmp_path: Path, dtype: str, name: str, overrides: dict[str, Any], target: Any,
         prefill: int) -> None:
-    """One decode step of decode.cuh's own code (indexer scores and key append, top-k, MLA
+    """One decode step of the device library's own code (indexer scores and key append, top-k, MLA
     attention over the selection, MoE, lm_head, sampler) from the task table, packed weights
     and arenas, against the interpreter (bf16 caches as the kernel's) on bf16 or FP8 weights:
     every indexer's scores of the context, its selected token ids exactly, its appended key
@@ -264,7 +264,7 @@ def test_kernel_step_with_dsa_on_the_host_is_the_interpreters(
 
 
 # The negative controls of the step test's scores: run_dsa_score's mma fragment mappings and its
-# reduction over heads broken one at a time (decode.cuh's text replaced in what the harness
+# reduction over heads broken one at a time (the device library's text replaced in what the harness
 # compiles), and the queries' bf16 lo half left out, each of which must fail it.
 QUERY_LO = ("      mla_a_fragment(a, qs + DSA_MT * 16 * DSA_ROW, DSA_ROW, 16 * k, lane);\n"
             "      mma_bf16_16816(d, a, b0, b1);\n")

@@ -245,7 +245,7 @@ def test_split_k_kernel_compiles_without_spills_and_only_with_the_option(tmp_pat
     assert subprocess.run([sys.executable, str(TOOL), str(on)]).returncode == 0
     m, m_off = (json.loads((d / "manifest.json").read_text()) for d in (on, off))
     assert m["kernel"]["constants"]["FFN_SPLIT_K"] == 1
-    assert "FFN_SPLIT_K" not in m_off["kernel"]["constants"]  # decode.cuh: 0 without it
+    assert "FFN_SPLIT_K" not in m_off["kernel"]["constants"]  # decode/task_table.cuh: 0 without it
     assert m["options"]["ffn_split_k"] is True and m["task_fields"] == [*FIELDS, *FFN_FIELDS]
     assert m["kernel"]["ptxas"].get("spill_stores", 0) == 0, m["kernel"]["ptxas"]
     assert m["kernel"]["ptxas"].get("stack_bytes", 0) == 0, m["kernel"]["ptxas"]
@@ -274,7 +274,7 @@ STEPS = [
 def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, name: str,
                                                      overrides: dict, target: Any,
                                                      widths: set[int]) -> None:
-    """One decode step of decode.cuh's own code with split-K FFNs (the loader's load_split_k
+    """One decode step of the device library's own code with split-K FFNs (the loader's load_split_k
     filling the ring, o_proj writing the start value, run_split_k adding its slice's part, the
     next layer and the final norm reading the fixed-point sum) against the interpreter on
     random weights and tokens: per layer the attention output, x.attn and x.ffn, the logits and

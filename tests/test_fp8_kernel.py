@@ -7,7 +7,7 @@ dot product, on a CPU (the kernel against the interpreter on a GPU: tests/test_c
   bytes per weight), and the schedule verifier passes on FP8 models;
 - the packed buffer, read back row by row from the task table, dequantizes to the
   interpreter's weights;
-- decode.cuh's FP8 dot product, compiled for the host, against float64 math;
+- the device library's FP8 dot product, compiled for the host, against float64 math;
 - `tilertc compile --weight-dtype fp8` writes a checked artifact.
 """
 
@@ -296,9 +296,10 @@ HARNESS = Path(__file__).with_name("host_fp8_dot.cpp")
 
 
 def fp8_source() -> str:
-    """decode.cuh's row loop (dot_groups) and its FP8 section: the block-size check, Fp8Row,
-    dot_segment_fp8 and dot_segment_fp8_pieces (whose TP > 1 part is left out: TP is 0 here)."""
-    src = codegen.LIBRARY.read_text()
+    """The device library's row loop (decode/dot.cuh: dot_groups) and its FP8 section: the
+    block-size check, Fp8Row, dot_segment_fp8 and dot_segment_fp8_pieces (whose TP > 1 part is left
+    out: TP is 0 here)."""
+    src = codegen.library_source()
     loop = src.index("// The loop every row format shares")
     start = src.index("// FP8 rows (ir/fp8.py")
     pieces = src.index("__device__ float dot_segment_fp8_pieces", start)

@@ -1,8 +1,8 @@
 """FP8 tiles on the tensor cores (on where they fit unless the cost model predicts rows faster,
 `--tune fp8_mma=1` asks for them, as these tests do;
-passes/tiling.py: _fp8_tiles_fit, ir/fp8.py: pack_tiles, decode.cuh: stage_digits, tile_pages):
-which tasks are tiled and what the knob refuses, the tile layout against the definition it
-implements, and a whole decode step of the kernel's own device code (tests/host_kernel.cpp:
+passes/tiling.py: _fp8_tiles_fit, ir/fp8.py: pack_tiles, decode/tile_digits.cuh: stage_digits,
+tile_pages): which tasks are tiled and what the knob refuses, the tile layout against the definition
+it implements, and a whole decode step of the kernel's own device code (tests/host_kernel.cpp:
 `step`, its wgmma emulated from the PTX ISA's operand and accumulator layouts) against the
 interpreter, with negative controls (the digit factors off by one digit, the units' scales
 swapped between segments). On a GPU: the real tensor cores, teacher-forced against the
@@ -190,7 +190,7 @@ STEPS = [
 @pytest.mark.parametrize(("name", "overrides", "target", "covers"), STEPS)
 def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, name: str, overrides: dict,
                                                      target: Any, covers: set) -> None:
-    """One decode step of decode.cuh's own code with fp8_mma (stage_digits' digits and
+    """One decode step of the device library's own code with fp8_mma (stage_digits' digits and
     factors, tile_pages' units, folds and row sums) against the interpreter on random FP8
     weights and tokens: per layer the attention output and the residual stream, the logits
     and the token."""

@@ -184,7 +184,7 @@ def test_derived_kv_b_scales_dequantize_to_the_derived_weights() -> None:
 # -- a decode step of the device code, run on the host ---------------------------------------
 
 def step_source() -> str:
-    """What the `step` command runs of decode.cuh: the task table and parameters, the
+    """What the `step` command runs of the device library: the task table and parameters, the
     shared-memory struct, the task predicates and weights' address, the loader's routed-task
     addressing (MoE), the start of a ring page (over the harness's claim_page), GQA attention's
     key/value pages (its proxy fence has no host meaning) and the loader of a split-K FFN
@@ -263,8 +263,8 @@ STEPS = [
     ("fp8", {"num_attention_heads": 8, "num_key_value_heads": 8, "v_head_dim": 24},
      small("h200-5", 5), 100, {"heads_per_task": 3, "key_blocks": 1, "empty_chunks": False,
                                "groups": 1}),
-    # v expansion rows past short rows, on the tensor cores (decode.cuh: head_rows_mma): one row a
-    # task, its k-steps split in two (the q absorption's tasks straddle two heads, its first
+    # v expansion rows past short rows, on the tensor cores (decode/matvec.cuh: head_rows_mma): one
+    # row a task, its k-steps split in two (the q absorption's tasks straddle two heads, its first
     # taking half a share); then 73-row tasks of 6 heads, the last scale block partial
     ("fp8", {"kv_lora_rank": 512}, "h200", 20, {"heads_per_task": 2, "key_blocks": 1,
                                                 "empty_chunks": True, "groups": 1}),
@@ -378,7 +378,7 @@ def rank_buffers(m: dict[str, Any], d: Path) -> dict[str, torch.Tensor]:
 def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str, overrides: dict,
                                                      target: Any, prefill: int,
                                                      covers: dict[str, object]) -> None:
-    """One decode step of decode.cuh's own code (embed, the norm_matvec / head_matvec /
+    """One decode step of the device library's own code (embed, the norm_matvec / head_matvec /
     mla_attention / matvec_add tasks of every layer, lm_head and the greedy sampler) from the
     task table, packed weights and arenas, against the interpreter (bf16 cache like the
     kernel's) on random weights (bf16, or FP8 with their block scales) and tokens: per layer
@@ -402,7 +402,7 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
 def broken_host_step(tmp: Path, monkeypatch: pytest.MonkeyPatch, good: str, bad: str,
                      spec: ModelSpec, target: Any, prefill: int) -> tuple[
         Program, int, dict[str, torch.Tensor], dict[str, torch.Tensor], Any]:
-    """`random_host_step` with decode.cuh's text `good` (which must occur once) replaced by
+    """`random_host_step` with the device library's text `good` (which must occur once) replaced by
     `bad` in what the harness compiles: the negative controls' step."""
     source = step_source()
     assert source.count(good) == 1
@@ -411,8 +411,8 @@ def broken_host_step(tmp: Path, monkeypatch: pytest.MonkeyPatch, good: str, bad:
 
 
 # The negative controls of the step test: fragment mappings of mla_chunk's mma broken one at a
-# time (decode.cuh's text replaced in what the harness compiles), and the queries' bf16 lo half
-# left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
+# time (the device library's text replaced in what the harness compiles), and the queries' bf16 lo
+# half left out of the scores (bf16 queries alone: ~8 significand bits), each of which must fail it.
 SCORE_B = "const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);"
 QUERY_LO = ("      mla_a_fragment(a, m.q() + MLA_M * MLA_ROW, MLA_ROW, 16 * k, lane);\n"
             "      mma_bf16_16816(d, a, b0, b1);\n")

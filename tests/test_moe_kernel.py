@@ -242,7 +242,7 @@ def test_tilelang_backend_refuses_moe_experts() -> None:
 
 def test_routed_tasks_read_from_the_table_compute_the_interpreters_moe_layer(
         tiny_any: Path) -> None:
-    """The routed tasks of one layer done the way decode.cuh does them, from nothing but the
+    """The routed tasks of one layer done the way the device library does them, from nothing but the
     task table, the act arena and the packed weights: the loader's addresses (w + expert x
     stride, a down row gathered from every slot's piece), the staged input (RMS-normalized for
     gate/up; each slot's activations times its combine weight for down), the dot products (FP8:
@@ -359,7 +359,7 @@ HOST_STEPS = [
 def test_kernel_step_with_qwen3_moe_on_the_host_is_the_interpreters(
         tmp_path: Path, dtype: str, overrides: dict[str, Any], sms: int, page_kb: int | None,
         prefill: int, covers: dict[str, int]) -> None:
-    """One decode step of decode.cuh's own code (router, top-k, the routed gate/up tasks of
+    """One decode step of the device library's own code (router, top-k, the routed gate/up tasks of
     whole row ranges of a slot fetched by the loader's route_pieces, the down tasks gathering
     every slot's piece) from the task table, packed weights and arenas, against the interpreter
     (bf16 cache as the kernel's) on bf16 or FP8 weights: every layer's expert ids and combine

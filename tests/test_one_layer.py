@@ -28,13 +28,13 @@ def test_another_checkouts_sources_are_named(tmp_path: Path) -> None:
     shutil.copy(ROOT / "tools" / "one_layer.py", other / "tools")
     for folder in PACKAGE_DIRS.values():
         shutil.copytree(ROOT / folder, other / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    kernel = other / "backends" / "cuda" / "decode.cuh"
+    kernel = other / "backends" / "cuda" / "decode" / "mla.cuh"
     kernel.write_text(kernel.read_text() + "// an edit the installed tilertc has not seen\n")
     done = subprocess.run([sys.executable, str(other / "tools" / "one_layer.py"), "llama-tiny",
                            "dense", str(tmp_path / "out")], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)
     assert done.returncode == 1
-    assert "is not this checkout's: backends/cuda/decode.cuh differ" in done.stderr
+    assert "is not this checkout's: backends/cuda/decode/mla.cuh differ" in done.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -405,7 +405,7 @@ def test_the_latent_append_task_takes_half_a_share_of_the_q_absorption() -> None
     ("deepseek-v3.2", 8, 16, 8),  # 16 heads a rank: eight tasks of 16 rows a head
 ])
 def test_v_expand_tasks_stay_within_one_head(name: str, tp: int, heads: int, split: int) -> None:
-    """v_expand's tasks each merge the chunk results of one head (decode.cuh:
+    """v_expand's tasks each merge the chunk results of one head (decode/staging.cuh:
     stage_merged_heads stages them in shared memory, which two of GLM-5's would overflow):
     the same number of tasks a head, as many as the SMs allow."""
     _, after = until(name, tile, tp=tp, num_hidden_layers=1, first_k_dense_replace=1)

@@ -1,4 +1,4 @@
-"""An FP8 gate/up row's two halves multiplied in one pass over the input (decode.cuh:
+"""An FP8 gate/up row's two halves multiplied in one pass over the input (decode/dot.cuh:
 dot_segment_fp8_pair, dot_groups of N = 2 rows sharing each load of x, as matvec_pages runs
 every FP8 row with halves == 2: a dense FFN's norm_matvec, moe_gate_up, the split-K FFN's
 gate/up part) give each row's own dot product (dot_segment_fp8, N = 1) bit for bit, over
@@ -54,9 +54,9 @@ class Pairs:
 
 
 def pair_source(device: bool) -> str:
-    """decode.cuh's row loop (dot_groups, dot_row) and its FP8 rows up to the routed down
-    row's pieces (Fp8Row, dot_segment_fp8, dot_segment_fp8_pair); warp_sum too for the GPU (the
-    host harness has its own)."""
+    """The device library's row loop (decode/dot.cuh: dot_groups, dot_row) and its FP8 rows up to
+    the routed down row's pieces (Fp8Row, dot_segment_fp8, dot_segment_fp8_pair); warp_sum too for
+    the GPU (the host harness has its own)."""
     k = KernelSource()
     parts = [k.between("// The loop every row format shares", "// A bf16 row"),
              k.between("// FP8 rows (ir/fp8.py", "// An FP8 routed down row")]

@@ -372,7 +372,7 @@ HOST_CONFIGS = [(256, 132, 2), (1000, 100, 1), (3000, 40, 2), (20_000, 16, 4)]
 
 
 def kernel_source() -> str:
-    """What tests/host_kernel.cpp runs of decode.cuh: the task table and parameters, the
+    """What tests/host_kernel.cpp runs of the device library: the task table and parameters, the
     shared-memory struct, warp_sum and warp_max, the sampling section and the sampler's entry
     points, and the MoE router (compiled when MOE is 1)."""
     k = KernelSource()

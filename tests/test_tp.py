@@ -335,9 +335,9 @@ STEPS = [("llama-tiny", {}, 2, 132, 40), ("llama-tiny", {}, 4, 7, 100),
 @pytest.mark.parametrize("name, overrides, tp, sms, prefill", STEPS)
 def test_every_ranks_step_on_the_host_is_the_unsharded_interpreters(
         tmp_path: Path, name: str, overrides: dict, tp: int, sms: int, prefill: int) -> None:
-    """Every rank's decode step through decode.cuh's own code (its shard's tasks, its exchanges
-    with the other ranks' arenas) against the interpreter's step of the whole model on the same
-    weights: the all-reduced residual stream of every layer is bit-identical on every rank and
+    """Every rank's decode step through the device library's own code (its shard's tasks, its
+    exchanges with the other ranks' arenas) against the interpreter's step of the whole model on the
+    same weights: the all-reduced residual stream of every layer is bit-identical on every rank and
     equals the interpreter's up to reassociation; the logits (every rank's vocabulary rows) and
     the token, which every rank picks, are the interpreter's."""
     import dataclasses

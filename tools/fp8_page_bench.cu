@@ -2,7 +2,7 @@
 // in shared memory (no HBM): the question is whether compute keeps up with the SM's share of HBM
 // (~32 KB/us on an H200), and which way of multiplying makes it.
 //
-//   V0   today's CUDA-core path (a copy of decode.cuh's dot_groups of Fp8Row, so that this file
+//   V0   today's CUDA-core path (a copy of decode/dot.cuh's dot_groups of Fp8Row, so that this file
 //        builds alone; warps per row as matvec_pages)
 //   V1   V0 with the e4m3 -> f16x2 conversion done by integer bit operations (value x 2^-8)
 //   V4   V0 with each e4m3 byte moved into fp32 bits by integer operations (value x 2^-120)
@@ -18,8 +18,8 @@
 //        columns (segment, term); units of C columns of every segment with the tile's block
 //        scales; x staged from global memory into the digits' core matrices; the row sums of a
 //        whole tile (every unit) against float64. The kernel has run this since session 17
-//        (decode.cuh: stage_digits, tile_pages, `--tune fp8_mma=1`), with units of at most 256
-//        columns and a 16-row x 4-segment shape as well; V5 stays as it was measured.
+//        (decode/tile_digits.cuh: stage_digits, tile_pages, `--tune fp8_mma=1`), with units of
+//        at most 256 columns and a 16-row x 4-segment shape as well; V5 stays as it was measured.
 //
 // Each variant checks its row sums against float64 on the host. Build and run (on an H200):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fp8_page_bench tools/fp8_page_bench.cu

@@ -44,11 +44,12 @@ def foreign_sources() -> list[str]:
     differ = []
     for package, folder in PACKAGE_DIRS.items():
         installed = Path(importlib.import_module(package).__file__).parent
-        for ours in sorted((checkout / folder).glob("*")):
+        for ours in sorted((checkout / folder).rglob("*")):
+            name = ours.relative_to(checkout / folder)
             if ours.suffix in (".py", ".cuh") and (
-                    not (installed / ours.name).is_file()
-                    or (installed / ours.name).read_bytes() != ours.read_bytes()):
-                differ.append(f"{folder}/{ours.name}")
+                    not (installed / name).is_file()
+                    or (installed / name).read_bytes() != ours.read_bytes()):
+                differ.append(f"{folder}/{name}")
     return differ
 
 

@@ -1,12 +1,12 @@
-// What one round of decode.cuh's stage_digits cost, and which part of it: staging an FP8 tile
-// task's input as digits took ~0.75 us per round of 16 warps in the kernel (DeepSeek-V3.2 o_proj:
-// 8 rounds, ~6.4 us) whether or not it loaded its input (session 21, docs/performance.md), far
-// more than its instructions and shared-memory wavefronts suggest. Every SM stages an input of
+// What one round of decode/tile_digits.cuh's stage_digits cost, and which part of it: staging an
+// FP8 tile task's input as digits took ~0.75 us per round of 16 warps in the kernel (DeepSeek-V3.2
+// o_proj: 8 rounds, ~6.4 us) whether or not it loaded its input (session 21, docs/performance.md),
+// far more than its instructions and shared-memory wavefronts suggest. Every SM stages an input of
 // K columns REPS times, one CTA of 16 warps (and, with SPIN, a 17th warp polling an mbarrier
 // that never completes, as the kernel's loader does while the ring is full), each variant
 // leaving out one part of the round:
 //
-//   base       the round as decode.cuh had it until session 22: a warp a block, a lane 4
+//   base       the round as the device library had it until session 22: a warp a block, a lane 4
 //              columns; x from global memory (L2), the block's largest |x| by 5 shuffles, the
 //              block's piece / segment / 16-column chunk by run-time divisions, the four digit
 //              words, 4 stores of 4 bytes (8-way bank conflicts) and the block's factor
@@ -15,8 +15,8 @@
 //   noshfl     each lane's own largest |x| instead of the block's (wrong digits: timing only)
 //   nostore    the words XORed into a register written once at the end (timing only)
 //   spin       base with the polling warp
-//   chunks     decode.cuh's stage_digits of sessions 22-24: 4 blocks a warp, 8 lanes a block, a
-//              lane 16 columns (3 shuffles a block, one 16-byte store a digit, the stores'
+//   chunks     decode/tile_digits.cuh's stage_digits of sessions 22-24: 4 blocks a warp, 8 lanes
+//              a block, a lane 16 columns (3 shuffles a block, one 16-byte store a digit, the stores'
 //              digits rotated by lane against bank conflicts). Since session 25 the kernel
 //              copies x in first (cp.async) and converts it in place with cheaper digit words
 //              (docs/performance.md, session 25); this benchmark keeps the earlier rounds.
@@ -46,8 +46,9 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 __device__ __forceinline__ int block_exponent(float amax) { return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100); }
-// decode.cuh: fixed_columns and digit_word (4 columns as 16-bit fixed point with a block's
-// exponent E; their digit t, a byte a column); digit_words: the four, as the base's round made them
+// decode/tile_digits.cuh: fixed_columns and digit_word (4 columns as 16-bit fixed point with a
+// block's exponent E; their digit t, a byte a column); digit_words: the four, as the base's round
+// made them
 struct FixedColumns {
   uint32_t m01, m23, sign;
 };
@@ -115,7 +116,7 @@ __device__ void stage(const float4* x, int k, int kp, int S, uint8_t* b, float* 
   }
 }
 
-// CHUNKS: decode.cuh's stage_digits (without the norm and the MoE combine)
+// CHUNKS: decode/tile_digits.cuh's stage_digits (without the norm and the MoE combine)
 __device__ void stage_chunks(const float4* x, int k, int kp, int S, uint8_t* b, float* factor) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, c = lane % 8, blocks = k / BLOCK;
   const int per_piece = kp / BLOCK, per_segment = per_piece / S;

@@ -48,7 +48,7 @@ def page_stamps(index: str) -> str:
 
 # the end of a task's staging, stamped in place of its start
 STAGED = "    if (ct == 0 && probe_stamp[blockIdx.x]) probe_stamp[blockIdx.x][0] = now_ns();\n"
-# (old, new) edits of decode.cuh's text in kernel.cu; PROBE_PAGES is the variant's #define
+# (old, new) edits of the device library's text in kernel.cu; PROBE_PAGES is the variant's #define
 LOADER_ISSUE = "        uint8_t* page = start_page(p, s, issued, bytes, full);\n" \
                "        if (!page) goto drain;\n"
 EDITS = [

@@ -1,9 +1,9 @@
 """Emit the CUDA source of a scheduled program and build it into one cubin with nvcc.
 
-The source is the device library (decode.cuh, the one `__global__`) preceded by a generated
-prelude of the model's constants, so that loops over heads and head dimensions unroll. The
-schedule itself (tasks, streams) is data the runtime uploads, so the cubin only changes when
-the model's shape or the ring geometry does.
+The source is the device library (the parts of `LIBRARY`, in backends/cuda/decode/; the last
+holds the one `__global__`) preceded by a generated prelude of the model's constants, so that loops
+over heads and head dimensions unroll. The schedule itself (tasks, streams) is data the runtime
+uploads, so the cubin only changes when the model's shape or the ring geometry does.
 """
 
 from __future__ import annotations
@@ -20,7 +20,34 @@ from tilertc.passes.program import Program, ScheduleError
 from tilertc.passes.residency import DSA_KEYS, FLAG_BYTES, MLA_KEYS, REDUCTION_FLOATS, TASK_SLOT
 from tilertc.passes.tiling import has_tiles, scale_cols
 
-LIBRARY = Path(__file__).with_name("decode.cuh")
+# The device library: the parts of one translation unit, in the order the kernel's source
+# lists them (a part uses what the parts before it define; task_table.cuh opens the namespace,
+# kernel.cuh closes it and defines the kernel). One source file a kernel, so that an artifact's
+# kernel.cu is the whole of what built its cubin.
+LIBRARY_DIR = Path(__file__).with_name("decode")
+LIBRARY = tuple(LIBRARY_DIR / f"{part}.cuh" for part in (
+    "task_table",    # opcodes, task fields, kernel parameters
+    "ptx",           # PTX wrappers: bulk copies, mbarriers, wgmma, mma, counters' loads and adds
+    "shared",        # the shared-memory plan, a task row's derived sizes, acquiring a counter
+    "loader",        # the loader warp: the weight ring's pages, routed experts' pieces
+    "dependencies",  # compute: a task's waits and its signal
+    "sampling",      # the sampler's candidates, top-k / top-p, Gumbel draws
+    "exchange",      # tensor parallelism: exchanges between ranks
+    "staging",       # a matrix-vector task's input in shared memory; MLA's merge of chunk results
+    "tile_digits",   # FP8 tiles: the input as e4m3 digits
+    "ready_digits",  # FP8 tiles: digits written by the producer
+    "dot",           # a row's dot product (bf16, FP8, short rows)
+    "pages",         # the ring's pages dealt to groups of warps
+    "tile_pages",    # FP8 tiles: a task's pages on wgmma
+    "matvec",        # matrix-vector tasks: page loop, epilogues, lm_head's sampling
+    "attention",     # GQA attention, one context chunk of one KV group, and its merge
+    "tokens",        # embedding, argmax, the step's token
+    "moe_router",    # the MoE router's top-k
+    "mla",           # absorbed MLA attention
+    "dsa",           # the DSA lightning indexer's scores and top-k
+    "split_k",       # a dense MLP as one split-K op
+    "kernel",        # the compute warps' instruction stream and the kernel
+))
 KERNEL_NAME = "tilertc_decode"
 # The router is one warp: every expert's score in its registers, lane k keeps the k-th choice;
 # its group-limited selection keeps the chosen groups as bits of a word.
@@ -208,7 +235,7 @@ def _moe(program: Program, topk: dict) -> dict[str, object]:
 
 
 def _gqa(attn: dict, seq: int) -> dict[str, object]:
-    """GQA attention's constants and the KV capacity (decode.cuh compiles GQA attention only
+    """GQA attention's constants and the KV capacity (the device library compiles GQA attention only
     without MLA)."""
     hd, group = attn["head_dim"], attn["n_heads"] // attn["n_kv_heads"]
     if hd % 2:
@@ -240,7 +267,7 @@ def _mla(attn: dict) -> dict[str, object]:
 
 
 def _fp8_mma(program: Program) -> dict[str, object]:
-    """FP8 tiles on the tensor cores (passes/tiling.py: _fp8_tiles_fit; decode.cuh:
+    """FP8 tiles on the tensor cores (passes/tiling.py: _fp8_tiles_fit; decode/tile_pages.cuh:
     tile_pages), compiled in only where the schedule has any, so that other kernels are what
     they were without them. The `fp8_mma` knob at 1 asks for them: refused by name where they
     cannot run (bf16 weights; tensor parallelism, as their staged input and row sums are one
@@ -271,8 +298,8 @@ def constants(program: Program) -> dict[str, object]:
     topk = next((op for op in program.graph.ops() if op.opcode == "moe_topk"), None)
     dsa = any(op.opcode == "dsa_score" for op in program.graph.ops())
     moe = {} if topk is None else _moe(program, {**topk.attrs, "bias": len(topk.inputs) > 1})
-    # The split-K FFN's code and task fields only in kernels that have one (decode.cuh defines
-    # FFN_SPLIT_K 0 otherwise), so that other kernels are what they were without it.
+    # The split-K FFN's code and task fields only in kernels that have one (the device library
+    # defines FFN_SPLIT_K 0 otherwise), so that other kernels are what they were without it.
     split_k = any(op.opcode == "ffn_split_k" for op in program.graph.ops())
     ffn = {"FFN_SPLIT_K": 1, "FIXED_FRAC_BITS": FIXED_FRAC_BITS} if split_k else {}
     # and the ready digits' (passes/digits.py) only in kernels whose schedule has them
@@ -319,7 +346,12 @@ def emit_source(program: Program) -> str:
         "the device library follows the prelude."
     ]
     lines += [f"#define {k} {v}" for k, v in consts.items()]
-    return "\n".join(lines) + "\n\n" + LIBRARY.read_text()
+    return "\n".join(lines) + "\n\n" + library_source()
+
+
+def library_source() -> str:
+    """The device library's parts, in order, each after a line naming its file."""
+    return "\n".join(f"// backends/cuda/decode/{part.name}\n{part.read_text()}" for part in LIBRARY)
 
 
 def find_nvcc() -> str:

@@ -1,10 +1,11 @@
 """The task table: every task of a scheduled program as one row of int32 fields.
 
-The field order is the `Field` enum of decode.cuh; this module and that enum change together.
+The field order is the `Field` enum of decode/task_table.cuh; this module and that enum
+change together.
 A MoE model's table has the `MOE_FIELDS` after the others (and the `SHARED_FIELDS` with a
 shared expert), an MLA model's the `MLA_FIELDS` (and with FP8 weights the `MLA_FP8_FIELDS`), a
-DSA model's then the `DSA_FIELDS` (decode.cuh declares them under `#if MOE`, `#if MOE_SHARED_K`,
-`#if MLA`, `#if MLA && WEIGHT_FP8` and `#if DSA`), a kernel with a split-K FFN's the
+DSA model's then the `DSA_FIELDS` (decode/task_table.cuh declares them under `#if MOE`, `#if
+MOE_SHARED_K`, `#if MLA`, `#if MLA && WEIGHT_FP8` and `#if DSA`), a kernel with a split-K FFN's the
 `FFN_FIELDS` (`#if FFN_SPLIT_K`), so that a dense model's table and kernel are what they were
 without them. Under tensor parallelism the `TP_FIELDS` come last (`#if TP > 1`).
 """
@@ -55,7 +56,8 @@ DIGIT_FIELDS = ("digits_in", "digits_out", "digits_k", "digits_gamma")
 # apart); -1: no exchange (passes/synchronization.py).
 TP_FIELDS = ("xchg", "xchg_buf", "xchg_stride")
 EPILOGUES = {"none": 0, "silu_mul": 1, "argmax": 2}
-WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1, "fp8_e4m3_tiles": 2}  # decode.cuh: WeightFormat
+# decode/task_table.cuh: WeightFormat
+WEIGHT_FORMATS = {"bf16": 0, "fp8_e4m3": 1, "fp8_e4m3_tiles": 2}
 FIELDS = (
     "opcode",
     "epilogue",
@@ -107,7 +109,7 @@ def _offset(program: Program, tensor: str) -> int:
 
 
 def fields(program: Program) -> tuple[str, ...]:
-    """The task table's columns for this program (decode.cuh compiles the MoE ones when
+    """The task table's columns for this program (the device library compiles the MoE ones when
     there is a router, codegen's MOE, the shared expert's with one, codegen's MOE_SHARED_K,
     the MLA ones when there is MLA attention (and with FP8 weights the MLA FP8 ones), the DSA
     ones with an indexer, the FFN ones with a split-K FFN, the digit ones with ready digits,

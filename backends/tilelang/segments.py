@@ -1,7 +1,7 @@
 """Which row-segment tiles a schedule needs: the pass decisions turned into tile shapes.
 
-In `decode.cuh: run_matvec` a ring page holds `page_bytes // row_bytes` whole weight rows; the
-warps of a page group (compute warps / page groups) share the page's rows, and when a page has
+In `decode/matvec.cuh: run_matvec` a ring page holds `page_bytes // row_bytes` whole weight rows;
+the warps of a page group (compute warps / page groups) share the page's rows, and when a page has
 fewer rows than warps, `warps_per_row` warps (a power of two) split each row into equal
 contiguous segments of 16-byte pieces (8 bf16), the last one possibly shorter. One warp
 multiplies one segment by the staged input vector: that is the tile TileLang generates, one per
@@ -19,7 +19,7 @@ PIECE_ELEMENTS = 8  # bf16 weights per 16-byte piece
 
 
 def warps_per_row(rows_in_page: int, group_warps: int) -> int:
-    """decode.cuh's warps_per_row: double while twice as many warps still fit the group."""
+    """decode/pages.cuh's warps_per_row: double while twice as many warps still fit the group."""
     wpr = 1
     while wpr * 2 * rows_in_page <= group_warps:
         wpr *= 2

@@ -1,0 +1,31 @@
+// ---- compute: dependencies -----------------------------------------------------------------
+// Thread 0 of compute acquires; the barrier then publishes what it saw to the other warps.
+__device__ bool wait_counter(const Params& p, int counter, unsigned target, int task) {
+  bool ok = true;
+  if (threadIdx.x == 0) ok = acquire(p, counter, target, task, nullptr);
+  return ok;
+}
+
+__device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long step, int task) {
+  bool ok = true;
+  for (int w = 0; w < 2; ++w) {
+    const int c = t[F_WAIT0 + 2 * w];
+    if (c < 0) continue;
+    const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
+    const long long want = static_cast<long long>(n) * (step + 1 - lag);
+    if (want > 0) ok = wait_counter(p, c, static_cast<unsigned>(want), task) && ok;
+  }
+  if (threadIdx.x == 0) s.flags[2] = ok;
+  compute_sync();
+  return s.flags[2];
+}
+
+// The barrier orders every compute thread's writes before the signalling thread's release, and
+// release is cumulative, so no separate fence is needed. The release still waits for those
+// writes to reach L2 (a round trip); it is made by a thread of the second warp, so that the
+// first warp's thread 0 starts acquiring the next task's counters meanwhile.
+constexpr int SIGNAL_THREAD = COMPUTE_WARPS > 1 ? 32 : 0;
+__device__ void signal_done(const Params& p, const int* t) {
+  compute_sync();
+  if (threadIdx.x == SIGNAL_THREAD) red_release(&p.counters[t[F_SIGNAL]], 1);
+}

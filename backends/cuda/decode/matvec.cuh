@@ -1,0 +1,289 @@
+// ---- compute: matrix-vector tasks, page by page (their input: staging.cuh) ----------------------
+#if MLA && WEIGHT_FP8
+// A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its own
+// x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v expansion
+// page (124 rows of k = 512) took 4.7 µs of latency-bound dot products and warp sums, here 3.7
+// (H200, docs/performance.md, session 35). Short rows (the q absorption's, k = 128 or 192) stay
+// with dot_short_row: a page of 462 took 3.4 µs here against 2.7. The task's heads' x are first
+// split into three bf16 parts (hi, mid, lo: x's 24 significand bits, so that the products are
+// fp32's as on the CUDA cores), kept after the inputs as [head][part][k] with a zero fourth part. A
+// warp then takes an m-tile of 16 rows (with few m-tiles, half of its k-steps, the halves added in
+// s.acc): A the rows' e4m3 values as bf16 (exact), B of 8 columns the tile's x parts, its first
+// row's head in columns 0, 2, 4 and the head after it in 1, 3, 5 where the tile runs into it (a
+// page spans at most two heads: its rows are fewer than a head's), zero in 6, 7; each row takes its
+// own head's columns. A scale block's k-steps go into D, which is then scaled and added up per row.
+__device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
+  return t[F_OPCODE] == OP_HEAD_MATVEC && 2 * k8 > SHORT_ROW_GROUPS && (4 << scale_shift) % 16 == 0 &&
+         (8 * k8) % 16 == 0;
+}
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
+  const float2 f = e4m3x2_to_float2(v);
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
+}
+__device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
+                              int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
+  const HeadInputs head_input = head_inputs(t);
+  const int k = 8 * k8, block = 4 << scale_shift, g = lane >> 2, q = lane & 3;
+  const int heads = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1 - t[F_ROW0] / t[F_HEAD_ROWS];
+  __nv_bfloat16* parts = reinterpret_cast<__nv_bfloat16*>(s.vec + heads * k);  // [heads][4][k]
+  for (int i = (group * GROUP_WARPS + gw) * 32 + lane; i < heads * k; i += NT) {
+    __nv_bfloat16* out = parts + i / k * 4 * k + i % k;
+    float v = s.vec[i];  // the heads' inputs lie k apart
+    for (int part = 0; part < 3; ++part) {
+      out[part * k] = __float2bfloat16(v);
+      v -= __bfloat162float(out[part * k]);
+    }
+    out[3 * k] = __float2bfloat16(0.f);
+  }
+  compute_sync();
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+    const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && k % (2 * block) == 0 ? 2 : 1;
+    for (int item = gw; item < tiles * split; item += GROUP_WARPS) {
+      const int m0 = 16 * (item / split), kb0 = item % split * (k / split);
+      const int i0 = min(m0 + g, n - 1), i1 = min(m0 + g + 8, n - 1);  // past the page: repeats, unstored
+      const uint8_t* w0 = page + i0 * rb;
+      const uint8_t* w1 = page + i1 * rb;
+      const int first = head_input(r + m0), next = head_input(r + min(m0 + 15, n - 1));
+      const __nv_bfloat16* x = parts + ((g & 1 ? next : first) / k * 4 + min(g >> 1, 3)) * k + 2 * q;
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int kb = kb0; kb < kb0 + k / split; kb += block) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+        for (int k0 = kb; k0 < min(kb + block, k); k0 += 16) {  // a block may be wider than the row
+          const int c = k0 + 2 * q;
+          const uint32_t a[4] = {e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c + 8)),
+                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c + 8))};
+          mma_bf16_16816(d, a, *reinterpret_cast<const uint32_t*>(x + k0),
+                         *reinterpret_cast<const uint32_t*>(x + k0 + 8));
+        }
+        const float s0 = reinterpret_cast<const float*>(w0 + k)[kb / block];
+        const float s1 = reinterpret_cast<const float*>(w1 + k)[kb / block];
+        y[0] = fmaf(d[0], s0, y[0]);
+        y[1] = fmaf(d[1], s0, y[1]);
+        y[2] = fmaf(d[2], s1, y[2]);
+        y[3] = fmaf(d[3], s1, y[3]);
+      }
+      // lanes q = 0, 1, 2 hold columns 0, 1 (hi), 2, 3 (mid), 4, 5 (lo) of rows g and g + 8, q = 3
+      // the zero columns 6, 7: (hi + mid) + lo in lane q = 0
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 1);
+        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 2);
+      }
+      for (int h = 0; h < 2; ++h) {  // rows g and g + 8; two halves add up alike in either order
+        const int i = m0 + g + 8 * h;
+        const float v = head_input(r + i) == first ? y[2 * h] : y[2 * h + 1];
+        if (q != 0 || i >= n) continue;
+        if (split == 1) s.acc[r + i] = v;
+        else atomicAdd(&s.acc[r + i], v);
+      }
+    }
+  });
+}
+#endif
+
+// The row sums of a matrix-vector task's `rows` rows (`halves` sums per row: gate/up pairs) from
+// its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
+// caller derives the thread's lane, page group and warp in the group first thing in the task (in
+// run_matvec that order gives the machine code it had before this loop was its own function).
+__device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp,
+                                             int k8, int halves, uint32_t& consumed, int lane, int group,
+                                             int gw) {
+#if WEIGHT_FP8
+  const bool fp8 = t[F_W_FORMAT] == WF_FP8;
+#if MLA  // a head_matvec's rows may have finer scales (F_SCALE_SHIFT)
+  const int scale_shift = t[F_OPCODE] == OP_HEAD_MATVEC ? t[F_SCALE_SHIFT] : Fp8Row::BLOCK_SHIFT;
+#else
+  constexpr int scale_shift = Fp8Row::BLOCK_SHIFT;
+#endif
+#endif
+#if MLA && WEIGHT_FP8
+  if (fp8 && head_rows_on_mma(t, k8, scale_shift)) {
+    head_rows_mma(p, s, t, rows, rb, rpp, k8, scale_shift, consumed, lane, group, gw);
+    return;
+  }
+#endif
+  const int wpr = warps_per_row(min(rpp, rows)), seg = (k8 + wpr - 1) / wpr;
+  const int begin = (gw % wpr) * seg, end = min(k8, begin + seg);
+  // Every task field the page loop needs is read here (see HeadInputs).
+#if MLA
+  const HeadInputs head_input = head_inputs(t);
+#endif
+#if MOE  // a routed down row: `slots` pieces of piece_bytes, then the shared expert's
+  const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
+  const int slots = down ? t[F_SLOTS] : 1, piece_bytes = (rb - MOE_SHARED_BYTES) / slots;
+#endif
+#if MOE && TP > 1  // a down row's groups [skip0, skip1): the pieces of its slots without an expert here
+  const int busy = down ? busy_slots(p, t) : 0, pk8 = down ? (k8 - MOE_SHARED_K / 8) / slots : 0;
+  const int skip0 = down ? busy * pk8 : k8, skip1 = down ? slots * pk8 : k8;
+#endif
+#if WEIGHT_FP8
+  // Whole FP8 rows are taken two at a time by a warp when a page has more rows than the group has
+  // warps: a row's time is mostly latency (its loads, then a warp sum), which the pair's two rows
+  // share; one at a time, a MLA q absorption row (k = 128) took ~0.4 µs of a warp's time.
+#if MOE
+  const bool whole_rows = fp8 && halves == 1 && !down;
+#else
+  const bool whole_rows = fp8 && halves == 1;
+#endif
+  const bool short_rows = whole_rows && wpr == 1 && 2 * k8 <= SHORT_ROW_GROUPS;
+#endif
+  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+#if MLA
+    const auto input = [&](int i) { return s.vec + head_input(r + i); };  // row i's x
+#else
+    const auto input = [&](int) { return s.vec; };
+#endif
+#if WEIGHT_FP8
+    if (short_rows) {  // SHORT_ROWS_PER_WARP rows a warp at a time (dot_short_row)
+      const int sub = lane / SHORT_ROW_LANES, sl = lane % SHORT_ROW_LANES;
+      for (int rr = gw * SHORT_ROWS_PER_WARP; rr < n; rr += GROUP_WARPS * SHORT_ROWS_PER_WARP) {
+        const int i = min(rr + sub, n - 1);  // lanes past the page's last row repeat it, unstored
+        const float y = dot_short_row(Fp8Row::at(page + i * rb, 8 * k8, scale_shift), input(i), 2 * k8, sl);
+        if (sl == 0 && rr + sub < n) s.acc[r + i] = y;
+      }
+      return;
+    }
+    const int per_warp = whole_rows && wpr == 1 && n > GROUP_WARPS ? 2 : 1;
+#else
+    constexpr int per_warp = 1;
+#endif
+    for (int rr = gw / wpr * per_warp; rr < n; rr += GROUP_WARPS / wpr * per_warp) {
+      const auto put = [&](int i, int h, float y) {  // the sum of the page's row i's half h
+        if (lane == 0) {
+          if (wpr == 1) s.acc[(r + i) * halves + h] = y;
+          else atomicAdd(&s.acc[(r + i) * halves + h], y);
+        }
+      };
+#if WEIGHT_FP8
+      // An FP8 gate/up row: both halves in one pass over x, the up half halfway (both halves have
+      // the same padded size); or two whole FP8 rows that read the same x. bf16 rows keep one pass
+      // per half: their x loads cost half as much per weight byte, and the pair's registers made
+      // bf16 MLA builds spill.
+      const bool two_rows = per_warp == 2 && rr + 1 < n && input(rr + 1) == input(rr);
+      if ((fp8 && halves == 2) || two_rows) {
+        float y[2];
+        dot_segment_fp8_pair(page + rr * rb, two_rows ? rb : rb / 2, 8 * k8, input(rr), begin, end, lane,
+                             scale_shift, y);
+        put(rr, 0, y[0]);
+        put(rr + two_rows, two_rows ? 0 : 1, y[1]);
+        continue;
+      }
+#endif
+      for (int i = rr; i < min(n, rr + per_warp); ++i) {  // one row, or each of two that read two x
+        const uint4* w = reinterpret_cast<const uint4*>(page + i * rb);
+        const float* x = input(i);
+        for (int h = 0; h < halves; ++h) {  // an FP8 row here is a whole row (halves == 1)
+#if WEIGHT_FP8 && MOE && TP > 1  // as below, skipping the pieces of slots without an expert here
+          const float y = !fp8 ? dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane)
+                          : down ? dot_segment_fp8_pieces(page + i * rb, slots, piece_bytes, k8, MOE_SHARED_K / 8, x,
+                                                          begin, end, lane, busy)
+                              : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
+#elif WEIGHT_FP8 && MOE  // a routed down row's pieces (and the shared expert's) each carry their own scales
+          const float y = !fp8 ? dot_segment(w + h * k8, x, begin, end, lane)
+                          : down ? dot_segment_fp8_pieces(page + i * rb, slots, piece_bytes, k8, MOE_SHARED_K / 8, x,
+                                                          begin, end, lane)
+                              : dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift);
+#elif WEIGHT_FP8
+          const float y = fp8 ? dot_segment_fp8(page + i * rb, 8 * k8, x, begin, end, lane, scale_shift)
+                              : dot_segment(w + h * k8, x, begin, end, lane);
+#elif MOE && TP > 1
+          const float y = dot_skipping(w + h * k8, x, begin, end, skip0, skip1, lane);
+#else
+          const float y = dot_segment(w + h * k8, x, begin, end, lane);
+#endif
+          put(i, h, y);
+        }
+      }
+    }
+  });
+}
+
+__device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
+#if MOE && TP > 1  // a gate/up task whose slot holds no expert of this rank: no pages, no output
+  if (t[F_OPCODE] == OP_MOE_GATE_UP && busy_slots(p, t) == 0) return;
+#endif
+  const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
+  const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
+  const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = row_halves(t);
+  for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+#if FP8_MMA  // and the other warpgroups' sums of a tile task (tile_pages)
+  if (t[F_W_FORMAT] == WF_FP8_TILES)
+    for (int i = ct; i < (TILE_WARPGROUPS - 1) * rows * halves; i += COMPUTE_WARPS * 32)
+      tile_sums(s, rows * halves, 1)[i] = 0.f;
+#endif
+#if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
+  const bool add = adds_residual(t) && t[F_XCHG] < 0;
+#else
+  const bool add = adds_residual(t);
+#endif
+  const float res = add && ct < rows ? residual(p, t, row0, ct) : 0.f;  // prefetched
+#if READY_DIGITS  // and the digits' consumer's norm weight of this thread's first row
+  const int first = digit_first_row(t, ct);
+  const float gamma0 = t[F_DIGITS_OUT] >= 0 && t[F_DIGITS_GAMMA] >= 0 && first >= 0 && first < rows
+                           ? p.act[t[F_DIGITS_GAMMA] + row0 + first] : 1.f;
+#endif
+  // staging ends with a barrier, which also covers the zeroing above
+#if FP8_MMA
+  if (t[F_W_FORMAT] == WF_FP8_TILES) {
+    tile_task(p, s, t, consumed, ct);
+  } else
+#endif
+  {
+    stage_vector(p, s, t, ct);
+    matvec_pages(p, s, t, rows, rb, rpp, k8, halves, consumed, lane, group, gw);
+  }
+  compute_sync();
+  float* out = p.act + t[F_OUT];
+  const float rstd = normed(t) ? s.red[COMPUTE_WARPS] : 1.f;
+  float best = -INFINITY;
+  int best_row = 0x7fffffff;
+  for (int i = ct; i < rows; i += COMPUTE_WARPS * 32) {
+    float y = s.acc[i * halves] * rstd;
+    if (epi == EPI_SILU_MUL) y = y / (1.f + __expf(-y)) * s.acc[i * 2 + 1] * rstd;
+    if (add) y += i == ct ? res : residual(p, t, row0, i);
+#if TP > 1
+    if (t[F_XCHG] >= 0) {  // a partial sum: to every rank, summed there (exchange_rows)
+      publish_partial(p, t, row0 + i, y);
+      continue;
+    }
+#endif
+    __stcg(out + row0 + i, y);
+#if READY_DIGITS  // for put_ready_digits (only this thread reads the row's sums)
+    if (t[F_DIGITS_OUT] >= 0) s.acc[i * halves] = y;
+#endif
+#if FFN_SPLIT_K  // the start value of a split-K FFN's sum
+    if (t[F_FIXED_OUT] >= 0) __stcg(reinterpret_cast<long long*>(p.act + t[F_FIXED_OUT]) + row0 + i, to_fixed(y));
+#endif
+    if (y > best) {  // rows visited in increasing order: the first maximum wins ties
+      best = y;
+      best_row = row0 + i;
+    }
+  }
+  if (epi == EPI_ARGMAX) write_best(p, s, t, best, best_row, ct);  // of the logits
+#if READY_DIGITS
+  if (t[F_DIGITS_OUT] >= 0) put_ready_digits(p, s, t, rows, halves, gamma0, ct);
+#endif
+}
+
+// lm_head, after its greedy (max logit, row) pair was written: temperature-only sampling
+// replaces the pair with the best Gumbel-max score's; top-k / top-p add the task's record of
+// candidates. The logits are still in s.acc (row sums) and s.red (1/rms) until the next task.
+__device__ void sample_lm_head(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+  const int mode = sample_mode(s);
+  if (mode == SAMPLE_GREEDY) return;
+  const Sampling sp = sampling(p);
+  const float rstd = s.red[COMPUTE_WARPS];
+  compute_sync();  // thread 0 has merged the warps' pairs: their slots may be rewritten
+  if (mode == SAMPLE_FILTERED) {
+    lm_head_candidates(p, sp, s, t, rstd, ct);
+    return;
+  }
+  float best;
+  int best_row;
+  gumbel_best(sp, s, t[F_ROW0], t[F_ROW1] - t[F_ROW0], rstd, pos, ct, best, best_row);
+  write_best(p, s, t, best, best_row, ct);
+}

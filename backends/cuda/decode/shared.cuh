@@ -1,0 +1,128 @@
+// ---- shared memory ------------------------------------------------------------------------
+struct Shared {
+  uint8_t* ring;         // RING_PAGES x PAGE_BYTES weight pages
+  float* vec;            // MAX_K fp32: the input vector of a task (attention: q/k/v heads)
+  float* red;            // reduction scratch, MISC_FLOATS
+  float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
+  uint64_t* full;        // RING_PAGES: page holds weights
+  uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
+  volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
+  int* task;             // [2][TASK_SLOT]: compute's task rows, this task's and the next's (run_compute)
+};
+static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot (passes/residency.py)");
+
+__device__ __forceinline__ Shared carve(uint8_t* base) {
+  Shared s;
+  s.ring = base;
+  s.vec = reinterpret_cast<float*>(base + RING_PAGES * PAGE_BYTES);
+  s.red = s.vec + MAX_K;
+  s.acc = s.red + MISC_FLOATS;
+  s.full = reinterpret_cast<uint64_t*>(s.acc + ACC_FLOATS);
+  s.empty = s.full + RING_PAGES;
+  s.flags = reinterpret_cast<volatile int*>(s.empty + RING_PAGES);
+  s.task = const_cast<int*>(s.flags) + FLAG_WORDS;
+  return s;
+}
+
+__device__ __forceinline__ const int* task_row(const Params& p, int id) { return p.tasks + id * TASK_FIELDS; }
+// A task's weights: F_W_HI:F_W_LO counts 16-byte units into the packed weights.
+__device__ __forceinline__ const uint8_t* task_weights(const Params& p, const int* t) {
+  return p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
+}
+// Matrix-vector tasks: norm_matvec and a MoE gate/up stage an RMS-normalized input;
+// matvec_add and a MoE down projection add a residual. The MoE opcodes exist only in MoE
+// kernels, so that a dense kernel tests for what it always did.
+__device__ __forceinline__ bool has_weights(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_GATE_UP || t[F_OPCODE] == OP_MOE_DOWN_ADD) return true;
+#endif
+#if MLA
+  if (t[F_OPCODE] == OP_HEAD_MATVEC) return true;
+#endif
+  return t[F_OPCODE] == OP_NORM_MATVEC || t[F_OPCODE] == OP_MATVEC_ADD;
+}
+__device__ __forceinline__ bool normed(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_GATE_UP) return true;
+#endif
+#if FFN_SPLIT_K
+  if (t[F_OPCODE] == OP_FFN_SPLIT_K) return true;
+#endif
+  return t[F_OPCODE] == OP_NORM_MATVEC;
+}
+__device__ __forceinline__ bool adds_residual(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return true;
+#endif
+  return t[F_OPCODE] == OP_MATVEC_ADD;
+}
+__device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES / t[F_ROW_BYTES]; }
+// The sums of an output row: a gate/up pair's two (EPI_SILU_MUL), else one.
+__device__ __forceinline__ int row_halves(const int* t) { return t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1; }
+#if FP8_MMA  // an FP8 tile task's geometry (tile_pages)
+// The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
+// tile_segments); a tile is 64 / S rows.
+__device__ __forceinline__ int tile_segments(int k) { return k % 1024 == 0 ? 8 : 4; }
+// The pieces of a tile task's rows, each with its own tiles and its own part of the input: one,
+// or a MoE down task's slots' and the shared expert's (whose width tiling makes a slot's: a
+// piece is F_K / pieces columns); their sums add up (tile_pages).
+__device__ __forceinline__ int tile_pieces(const int* t) {
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return t[F_SLOTS] + (MOE_SHARED_K > 0);
+#endif
+  return 1;
+}
+__device__ __forceinline__ int tile_k(const int* t) { return t[F_K] / tile_pieces(t); }  // a piece's columns
+// The columns C of a unit: F_ROW_BYTES = 64 C values + S C / 128 fp32 scales = C (2048 + S) / 32.
+__device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(tile_k(t))); }
+// The units of one piece of a tile: a piece's k / S columns of a segment, C a unit.
+__device__ __forceinline__ int tile_units(const int* t) {
+  const int k = tile_k(t);
+  return k / tile_segments(k) / unit_cols(t);
+}
+// A piece's units over all the task's tiles (a gate/up task's rows have a gate and an up tile),
+// which stream one piece after another (copy_pieces).
+__device__ __forceinline__ int piece_units(const int* t) {
+  return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * row_halves(t) *
+         tile_units(t);
+}
+#endif
+// The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
+// FP8 tile task's units, every piece's.
+__device__ __forceinline__ int stream_rows(const int* t) {
+#if FP8_MMA
+  if (t[F_W_FORMAT] == WF_FP8_TILES) return tile_pieces(t) * piece_units(t);
+#endif
+  return t[F_ROW1] - t[F_ROW0];
+}
+
+// Spins until the counter reaches `target` (acquire). False when another SM failed, when the
+// watchdog fires (recorded with the task and counter), or, given the loader's `quit` flag, when
+// compute has ended the launch (a routed task's router may then never run). SYSTEM: an
+// exchange counter, which other GPUs increment (acquire at system scope).
+template <bool SYSTEM = false>
+__device__ __forceinline__ bool acquire(const Params& p, int counter, unsigned target, int task, volatile int* quit) {
+  bool ok = true;
+  const unsigned long long start = now_ns();
+  unsigned spins = 0;
+#if TP > 1
+  while ((SYSTEM ? ld_acquire_sys(&p.counters[counter]) : ld_acquire(&p.counters[counter])) < target) {
+#else
+  while (ld_acquire(&p.counters[counter]) < target) {
+#endif
+    if ((++spins & 1023) == 0) {
+      if (quit && quit_seen(quit)) { ok = false; break; }
+      if (*reinterpret_cast<volatile int*>(&p.status[ST_ERROR]) != ERR_NONE) { ok = false; break; }
+      if (now_ns() - start > static_cast<unsigned long long>(p.watchdog_ns)) {
+        if (atomicCAS(&p.status[ST_ERROR], ERR_NONE, ERR_WATCHDOG) == ERR_NONE) {
+          p.status[ST_ERROR_SM] = blockIdx.x;
+          p.status[ST_ERROR_TASK] = task;
+          p.status[ST_ERROR_COUNTER] = counter;
+        }
+        ok = false;
+        break;
+      }
+    }
+  }
+  return ok;
+}

@@ -1,0 +1,250 @@
+// ---- compute: a matrix-vector task's input, staged in shared memory -----------------------------
+// Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
+// weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
+// share each row, each taking a contiguous segment of it, so that every warp has work even
+// when a page holds fewer rows than there are warps; segments are counted in groups of 8
+// columns, whatever the weights' format. Weights are bf16, or (WEIGHT_FP8, per task) e4m3 with
+// block scales, dequantized in the dot product; fp32 accumulation; the segments' sums meet in
+// shared memory and the epilogue runs per row at the end of the task.
+#if MLA
+// A head_matvec's rows come in heads of F_HEAD_ROWS rows that each read their own F_K inputs,
+// F_IN_STRIDE apart (q absorption: each head's q_nope; v expansion: each head's o_latent, which
+// it merges from the attention's chunk results: stage_merged_heads). The task stages the inputs
+// of the heads its rows span one after another; row i reads at HeadInputs(i), 0 in any other
+// task. Made from the task row once, before the page loop: the loop stores to shared memory,
+// after which the compiler read the task row again for every row (a v expansion page of 124
+// rows: 5.9 us with those reads, 5.4 without; H200, docs/performance.md).
+struct HeadInputs {
+  int row0, first, head_rows, k;  // k = 0: every row reads the one input
+  __device__ __forceinline__ int operator()(int i) const { return k ? ((row0 + i) / head_rows - first) * k : 0; }
+};
+__device__ __forceinline__ HeadInputs head_inputs(const int* t) {
+  if (t[F_OPCODE] != OP_HEAD_MATVEC) return {0, 0, 1, 0};
+  return {t[F_ROW0], t[F_ROW0] / t[F_HEAD_ROWS], t[F_HEAD_ROWS], t[F_K]};
+}
+// MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
+// sums, its max and its sum.
+constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
+
+// v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
+// (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
+// count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
+// at all. Every thread first asks for its share of the heads' chunk results as 16-byte copies
+// into shared memory (cp.async: no registers held), a window of MLA_RANK + 4 floats a result,
+// which starts 8 bytes early where a result does not start on 16 bytes (MLA_RANK + 2 floats
+// apart, they alternate); while they are under way a warp per head weighs its chunks (a lane
+// per chunk, its max and sum one load; factor and window offset after the heads' inputs in
+// s.vec); then each thread adds up a dim of a head over the chunks from shared memory. So the
+// merge waits for one round trip to L2 and the copies, not three round trips before the sums
+// and one a chunk after (4.1 µs a DeepSeek-V3.2 task with loads into registers, whose first
+// batch could not be issued before the weighing without spilling; docs/performance.md,
+// sessions 36, 41 and 46). passes/tiling.py keeps a task within one head (two heads' results
+// of GLM-5's 32 chunks would not fit) and passes/residency.py sizes s.vec for the windows. The
+// task that holds a head's first row also leaves the head in o_latent (F_IN), the attention's
+// output in the graph, which nothing downstream reads: what the tests and Engine's activations
+// see.
+constexpr int MERGE_WINDOW = MLA_RANK + 4;  // a chunk result's window, floats (residency.py: MERGE_WINDOW_PAD)
+static_assert(MLA_RANK % 4 == 0, "chunk results start on 8 bytes: a 16-byte window is 8 early or not");
+__device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
+  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
+  float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
+  int* offset = reinterpret_cast<int*>(factor + n * chunks);  // [n][chunks]: the result's first float
+  float* window = s.vec + (n * (MLA_RANK + 2 * chunks) + 3) / 4 * 4;  // [n][chunks][MERGE_WINDOW]
+  const auto part = [&](int h, int k) {  // chunk k's result for head h
+    return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
+           h % MLA_HEADS * (MLA_RANK + 2);
+  };
+  const auto early = [](const float* r) { return static_cast<int>(reinterpret_cast<uintptr_t>(r) >> 2 & 2); };
+  constexpr int PIECES = MERGE_WINDOW / 4;
+  for (int c = ct; c < n * chunks * PIECES; c += NT) {
+    const int r = c / PIECES, piece = c % PIECES;
+    const float* res = part(h0 + r / chunks, r % chunks);
+    cp_async16(window + r * MERGE_WINDOW + 4 * piece, res - early(res) + 4 * piece);
+  }
+  for (int i = warp; i < n; i += COMPUTE_WARPS) {
+    const auto stats = [&](int k) {  // chunk k's (max, sum) for head h0 + i
+      return __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK));
+    };
+    const float2 own = lane < chunks ? stats(lane) : make_float2(-INFINITY, 0.f);
+    float mx = own.x, den = 0.f;
+    for (int k = lane + 32; k < chunks; k += 32) mx = fmaxf(mx, stats(k).x);
+    mx = warp_max(mx);
+    for (int k = lane; k < chunks; k += 32) {
+      const float2 ms = k == lane ? own : stats(k);
+      const float f = ms.x == -INFINITY ? 0.f : __expf(ms.x - mx);
+      factor[i * chunks + k] = f;
+      offset[i * chunks + k] = (i * chunks + k) * MERGE_WINDOW + early(part(h0 + i, k));
+      den += f * ms.y;
+    }
+    den = warp_sum(den);
+    for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
+  }
+  cp_async_wait_all();
+  compute_sync();  // every thread's copies and every head's factors
+  for (int j = ct; j < n * MLA_RANK; j += NT) {
+    const int i = j / MLA_RANK, d = j % MLA_RANK;
+    float num = 0.f;
+    for (int k = 0; k < chunks; ++k) num = fmaf(factor[i * chunks + k], window[offset[i * chunks + k] + d], num);
+    s.vec[j] = num;
+    if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0]) __stcg(p.act + t[F_IN] + (h0 + i) * t[F_IN_STRIDE] + d, num);
+  }
+  compute_sync();
+}
+
+__device__ void stage_heads(const Params& p, Shared& s, const int* t, int ct) {
+  const int k = t[F_K], h0 = t[F_ROW0] / t[F_HEAD_ROWS], h1 = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1;
+  if (t[F_COUNT] > 0) {  // v expansion
+    stage_merged_heads(p, s, t, h0, h1, ct);
+    return;
+  }
+  const float* x = p.act + t[F_IN];
+  const int stride = t[F_IN_STRIDE];
+  for (int i = ct; i < (h1 - h0) * k; i += NT) s.vec[i] = __ldcg(x + (h0 + i / k) * stride + i % k);
+  compute_sync();
+}
+#endif
+
+#if FFN_SPLIT_K
+// The fixed-point residual stream of a split-K FFN's output: value x2^FIXED_FRAC_BITS, rounded to
+// nearest, as a signed 64-bit integer (passes/fusion.py: _fuse_split_k says why and the range).
+constexpr float FIXED_SCALE = static_cast<float>(1ull << FIXED_FRAC_BITS);
+__device__ __forceinline__ long long to_fixed(float x) { return __float2ll_rn(x * FIXED_SCALE); }
+__device__ __forceinline__ float from_fixed(long long v) { return __ll2float_rn(v) * (1.f / FIXED_SCALE); }
+__device__ __forceinline__ float4 fixed4(const float* base, int i) {
+  const longlong2* v = reinterpret_cast<const longlong2*>(base) + 2 * i;
+  const longlong2 a = __ldcg(v), b = __ldcg(v + 1);
+  return make_float4(from_fixed(a.x), from_fixed(a.y), from_fixed(b.x), from_fixed(b.y));
+}
+#endif
+
+// Where a matrix-vector task's input comes from: F_IN (F_FIXED_IN: fixed point, see fixed4); in
+// a MoE down task every slot's activations times the slot's combine weight (F_AUX2), then
+// (MOE_SHARED_K) the shared expert's activations (F_SHARED_IN) times 1. Made from the task row
+// once, before the staging loop (see HeadInputs: the loop's stores to shared memory would have
+// the task row read again each iteration, each read a round trip before that iteration's load).
+struct TaskInput {
+  const float4* x;
+#if FFN_SPLIT_K
+  bool fixed;
+#endif
+#if MOE
+  const float* combine;  // a down task's combine weights, one per slot; null in any other task
+  int slot_floats;       // a slot's activations
+#endif
+#if MOE_SHARED_K
+  const float4* shared;  // a down task's inputs from 4 routed4 on
+  int routed4;
+#endif
+#if MOE
+  // the combine weight of a down task's inputs 4 i .. 4 i + 3: their slot's (the shared expert's: 1)
+  __device__ __forceinline__ float combine_weight(int i) const {
+#if MOE_SHARED_K
+    if (i >= routed4) return 1.f;
+#endif
+    return __ldcg(combine + 4 * i / slot_floats);
+  }
+#endif
+  // what unweighted(i) is still to be multiplied by: a down task's combine weight, else 1
+  __device__ __forceinline__ float pending_weight(int i) const {
+#if MOE
+    if (combine) return combine_weight(i);
+#endif
+    return 1.f;
+  }
+  // where inputs 4 i .. 4 i + 3 are (not in a fixed-point input: see unweighted)
+  __device__ __forceinline__ const float4* source(int i) const {
+#if MOE_SHARED_K
+    if (combine && i >= routed4) return shared + (i - routed4);
+#endif
+    return x + i;
+  }
+  // inputs 4 i .. 4 i + 3, a down task's without their combine weight
+  __device__ __forceinline__ float4 unweighted(int i) const {
+#if FFN_SPLIT_K
+    if (fixed) return fixed4(reinterpret_cast<const float*>(x), i);
+#endif
+    return __ldcg(source(i));
+  }
+  // inputs 4 i .. 4 i + 3
+  __device__ __forceinline__ float4 at(int i) const {
+    float4 a = unweighted(i);
+#if MOE
+    if (combine) {
+      const float c = combine_weight(i);
+      a.x *= c; a.y *= c; a.z *= c; a.w *= c;
+    }
+#endif
+    return a;
+  }
+};
+__device__ __forceinline__ TaskInput task_input(const Params& p, const int* t) {
+  TaskInput in;
+  in.x = reinterpret_cast<const float4*>(p.act + t[F_IN]);
+#if FFN_SPLIT_K
+  in.fixed = t[F_FIXED_IN];
+#endif
+#if MOE
+  const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
+  in.combine = down ? p.act + t[F_AUX2] : nullptr;
+  in.slot_floats = down ? (t[F_K] - MOE_SHARED_K) / t[F_SLOTS] : 1;
+#endif
+#if MOE_SHARED_K
+  in.shared = reinterpret_cast<const float4*>(p.act + t[F_SHARED_IN]);
+  in.routed4 = (t[F_K] - MOE_SHARED_K) / 4;
+#endif
+  return in;
+}
+
+// Row row0 + i of a matvec_add's residual (F_AUX).
+__device__ __forceinline__ float residual(const Params& p, const int* t, int row0, int i) {
+#if FFN_SPLIT_K
+  if (t[F_FIXED_RES]) return from_fixed(__ldcg(reinterpret_cast<const long long*>(p.act + t[F_AUX]) + row0 + i));
+#endif
+  return __ldcg(p.act + t[F_AUX] + row0 + i);
+}
+
+// The end of staging a task's input, whose squares this thread summed into `ss`: a barrier,
+// and for a normed task its 1/rms in s.red[COMPUTE_WARPS] (thread 0, visible after the next
+// barrier).
+__device__ __forceinline__ void end_staging(Shared& s, const int* t, float ss, int ct) {
+  if (!normed(t)) {
+    compute_sync();
+    return;
+  }
+  ss = warp_sum(ss);
+  if ((ct & 31) == 0) s.red[ct >> 5] = ss;
+  compute_sync();
+  if (ct == 0) {
+    float total = 0.f;
+    for (int w = 0; w < COMPUTE_WARPS; ++w) total += s.red[w];
+    s.red[COMPUTE_WARPS] = rsqrtf(total / t[F_K] + __int_as_float(t[F_EPS]));
+  }
+}
+
+__device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
+#if MLA
+  if (t[F_OPCODE] == OP_HEAD_MATVEC) {
+    stage_heads(p, s, t, ct);
+    return;
+  }
+#endif
+  const int k4 = t[F_K] / 4;
+  const bool norm = normed(t);
+  const TaskInput in = task_input(p, t);
+  const float4* gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);
+  float4* v = reinterpret_cast<float4*>(s.vec);
+  float ss = 0.f;
+  // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
+  // the 1/rms scale, known only after the reduction, is applied to the row sums instead. (A
+  // down task, whose inputs carry their combine weights, is not normed: ss goes unused.)
+  for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
+    float4 a = in.at(i);
+    ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    if (norm) {
+      const float4 g = __ldcg(gamma + i);
+      a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+    }
+    v[i] = a;
+  }
+  end_staging(s, t, ss, ct);
+}
