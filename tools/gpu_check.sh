@@ -2,7 +2,7 @@
 # Everything the GPU should confirm, in stages that each fit one call of a lent GPU machine
 # (10 minutes):
 #
-#   bash tools/gpu_check.sh [STAGE ...]      STAGE: kernel, tests, full, tp, sanitize, bench
+#   bash tools/gpu_check.sh [STAGE ...]      STAGE: kernel, tests, full, tp, sanitize, bench, ab
 #                                            (default: kernel, tests, sanitize, bench)
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
@@ -13,7 +13,13 @@
 #   tp        the tensor-parallel ones (on a machine with two GPUs);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny models
 #             (tools/sanitize_decode.py), two runs at a time;
-#   bench     a short `tilertc bench` of llama-3.2-1b with its profile.
+#   bench     a short `tilertc bench` of llama-3.2-1b with its profile;
+#   ab        two builds of each one-layer model side by side: for every pair of artifacts
+#             .out/ab/NAME-old and .out/ab/NAME-new (built on the development machine, e.g.
+#             `python tools/one_layer.py glm-5 moe .out/ab/glm-new --weight-dtype fp8` and the
+#             same with `--at REV` for -old; carry .out), tools/layer_path.py of each (the
+#             op-by-op timeline: two runs of one kernel differ by ~1.5 us at a layer's end) and
+#             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt.
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
@@ -25,8 +31,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | ab) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, ab)"; exit 2 ;;
     esac
 done
 
@@ -80,6 +86,25 @@ bench() {
         --out "$out/bench-llama-3.2-1b" >"$out/bench.txt" 2>&1
     echo "bench (rc $?):"
     grep -E '│ (tilertc|hf-|kernel-per-op|measured)' "$out/bench.txt" | tr -s ' '
+}
+
+ab() {
+    local old name report=$out/ab.txt pairs=0
+    for old in .out/ab/*-old; do
+        [ -d "$old" ] && [ -d "${old%-old}-new" ] || continue
+        name=$(basename "${old%-old}")
+        pairs=$((pairs + 1))
+        for build in old new; do
+            echo "== $name-$build: layer_path" >>"$report"
+            timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context 1024 \
+                --later-steps >>"$report" 2>&1
+        done
+        echo "== $name: bench old (baseline) against new" >>"$report"
+        timeout 240 tilertc bench "$old" --artifact ".out/ab/$name-new" --systems tilertc \
+            --context 1024 --gen 64 --rounds 3 --out "$out/bench-ab-$name" >>"$report" 2>&1
+        echo "ab $name (rc $?): $(grep -E '│ tilertc' "$report" | tail -2 | tr -s ' ' | tr '\n' ' ')"
+    done
+    [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"
 }
 
 for stage in "${stages[@]}"; do
