@@ -383,7 +383,7 @@ def kernel_source() -> str:
           for f in ("cta_best", "write_best", "sample_lm_head", "publish_token")),
         k.definition("__device__ __forceinline__ void best_of_tasks"),
         k.definition("__device__ void run_argmax"),
-        k.between("#if MOE\n// ---- compute: the MoE router", "// ---- compute warps"),
+        k.between("// ---- compute: the MoE router", "// ---- compute warps"),
     ])
 
 

@@ -1,4 +1,4 @@
-// ---- compute: matrix-vector tasks, page by page (their input: staging.cuh) ----------------------
+// ---- compute: a matrix-vector task's pages and epilogue (its input: staging.cuh) ----------------
 #if MLA && WEIGHT_FP8
 // A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its own
 // x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v expansion

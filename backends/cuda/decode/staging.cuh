@@ -1,4 +1,4 @@
-// ---- compute: a matrix-vector task's input, staged in shared memory -----------------------------
+// ---- compute: matrix-vector tasks ----------------------------------------------------------
 // Stage the input vector in shared memory (normalized for norm_matvec), then stream the task's
 // weight pages. A page holds `rpp` whole rows; WPR = COMPUTE_WARPS / rpp warps (a power of two)
 // share each row, each taking a contiguous segment of it, so that every warp has work even
