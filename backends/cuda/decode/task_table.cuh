@@ -1,11 +1,12 @@
-// tilertc persistent decode kernel: the device library.
+// tilertc persistent decode kernel: the device library, the first of its parts (the others
+// follow in backends/cuda/codegen.py: LIBRARY's order, in one translation unit).
 //
-// One CTA per SM runs that SM's static instruction stream for every decode step. Warp 0 is the
-// loader: one lane walks the stream ahead of compute and keeps a ring of shared-memory pages
-// full of weights (bulk async copies completing on mbarriers), across op, layer and token
+// One CTA per SM runs that SM's static instruction stream for every decode step. The last warp
+// is the loader: one lane walks the stream ahead of compute and keeps a ring of shared-memory
+// pages full of weights (bulk async copies completing on mbarriers), across op, layer and token
 // boundaries. The other warps compute; before a task they acquire the counters of the ops it
 // depends on, after it they release its own. The generated prelude defines the model's
-// constants (HIDDEN, HEAD_DIM, ...) and the ring geometry before this file is included.
+// constants (HIDDEN, HEAD_DIM, ...) and the ring geometry before the library.
 #include <cuda_bf16.h>
 #include <stdint.h>
 #include <type_traits>
