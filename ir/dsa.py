@@ -92,8 +92,8 @@ def _dsa_topk(op: Op, ins: list[torch.Tensor], step: Step) -> list[torch.Tensor]
     going to the earlier token, so that the selection is a function of the scores alone
     (transformers leaves ties to torch.topk). Why increasing order and not best first: the
     attention over the selection does not depend on its order, and the kernel finds the
-    selection by counting, without sorting it (decode/dsa.cuh: run_dsa_topk, the sampler's
-    select_top), and lists it as it walks the tokens.
+    selection by counting, without sorting it (decode/dsa.cuh: run_dsa_topk, a radix
+    selection), and lists it as it walks the tokens.
     """
     scores, k = ins[0], op.attrs["topk"]
     best = scores.sort(dim=-1, descending=True, stable=True)

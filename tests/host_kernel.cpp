@@ -218,6 +218,22 @@ static unsigned __reduce_add_sync(unsigned, unsigned v) {
   w.bar.arrive_and_wait();
   return total;
 }
+// The lanes of the warp whose v equals this lane's, as a mask (the DSA selection's histogram).
+static unsigned __match_any_sync(unsigned, int v) {
+  Warp& w = warps[tl_ct >> 5];
+  std::memcpy(w.buf[tl_ct & 31], &v, sizeof v);
+  w.bar.arrive_and_wait();
+  unsigned peers = 0;
+  for (int l = 0; l < 32; ++l) {
+    int u;
+    std::memcpy(&u, w.buf[l], sizeof u);
+    if (u == v) peers |= 1u << l;
+  }
+  w.bar.arrive_and_wait();
+  return peers;
+}
+static inline int __popc(unsigned v) { return __builtin_popcount(v); }
+static inline int __ffs(int v) { return __builtin_ffs(v); }
 
 static void fiber_main() {
   (*body)(tl_ct);

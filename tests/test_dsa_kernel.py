@@ -72,7 +72,7 @@ def test_codegen_takes_dsa_and_compiles_dsa_code_only_for_it() -> None:
     assert {k: v for k, v in consts.items() if k.startswith("DSA")} == {
         "DSA": 1, "DSA_HEADS": 4, "DSA_DIM": 16, "DSA_TOPK": 8, "DSA_KEYS": 64,
         "DSA_SOFTMAX_SCALE": "0.25f", "DSA_HEAD_WEIGHT_SCALE": "0.5f",
-        "DSA_ROPE_INTERLEAVED": 0, "DSA_ROW_BITS": 9}
+        "DSA_ROPE_INTERLEAVED": 0}
     glm = codegen.constants(tilertc.schedule(tilertc.load_spec("glm-5-tiny")))
     assert glm["DSA_ROPE_INTERLEAVED"] == 1  # GLM-5 pairs its indexer's RoPE interleaved
     for name in ("llama-tiny", "deepseek-v3-tiny"):
@@ -152,9 +152,10 @@ def test_fp8_dsa_artifacts_compile_without_spills(tmp_path: Path) -> None:
 def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
     """Scores of contexts below, at and above TOPK: random; rounded to a few values (many
     exact ties, at the k-th place too); all zero (every head's ReLU zero); a run of equal
-    scores straddling the cut; negative and positive zeros; one score far above the rest."""
+    scores straddling the cut; negative and positive zeros; one score far above the rest;
+    scores apart only in their last significand bits (the selection's every digit decides)."""
     cases = []
-    for n in (1, 5, TOPK, TOPK + 1, 40, 300, 1000):
+    for n in (1, 5, TOPK, TOPK + 1, 40, 300, 1000, 3000):
         cases.append(torch.randn(n, generator=gen))
         cases.append((torch.randn(n, generator=gen) * 2).round())
         cases.append(torch.zeros(n))
@@ -167,11 +168,13 @@ def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
         y[torch.randperm(n, generator=gen)[: n // 2]] = -0.0
         y[torch.randperm(n, generator=gen)[:3]] = 1.0
         cases.append(y)
+    for n in (300, 3000):
+        cases.append(1.0 + torch.randint(0, 40, (n,), generator=gen) * 2.0 ** -23)
     return cases
 
 
 def test_kernel_topk_is_the_interpreters(tmp_path: Path) -> None:
-    """run_dsa_topk (select_top's counting, then a prefix of the chosen counts) picks the
+    """run_dsa_topk (a radix selection, then prefixes of the tied and chosen counts) picks the
     interpreter's tokens in its order: the TOPK largest scores, equal scores (-0.0 and 0.0
     too) to the earlier token, in increasing token order, -1 past the context's tokens."""
     program = make_program(dsa_tiny(), "h200", max_seq_len=2048, tuning={"compute_warps": 2})

@@ -177,16 +177,14 @@ def _check_dsa(program: Program) -> None:
 
 def _dsa(program: Program) -> dict[str, object]:
     """The indexer's constants: its heads and key width, the scales of its score, the pairing
-    of its RoPE, the top-k, the key rows it stages at a time, and the bits of a token id
-    (select_top's tie rounds)."""
+    of its RoPE, the top-k and the key rows it stages at a time."""
     a = next(op for op in program.graph.ops() if op.opcode == "dsa_score").attrs
     topk = next(op for op in program.graph.ops() if op.opcode == "dsa_topk").attrs["topk"]
     return {"DSA_HEADS": a["n_heads"], "DSA_DIM": a["head_dim"], "DSA_TOPK": topk,
             "DSA_KEYS": DSA_KEYS,
             "DSA_SOFTMAX_SCALE": f"{float(a['softmax_scale'])!r}f",
             "DSA_HEAD_WEIGHT_SCALE": f"{float(a['head_weight_scale'])!r}f",
-            "DSA_ROPE_INTERLEAVED": int(a["rope"]["interleaved"]),
-            "DSA_ROW_BITS": row_bits(program.graph.attrs["max_seq_len"])}
+            "DSA_ROPE_INTERLEAVED": int(a["rope"]["interleaved"])}
 
 
 def _check_moe(op) -> None:

@@ -133,14 +133,6 @@ struct BlockCount {
   }
 };
 
-// Bits of the rows select_top tells apart among equal keys: the vocabulary's, and in a DSA kernel
-// also the context's (the indexer's token ids); more bits than needed change no result.
-#if DSA
-constexpr int SELECT_ROW_BITS = SAMPLE_ROW_BITS > DSA_ROW_BITS ? SAMPLE_ROW_BITS : DSA_ROW_BITS;
-#else
-constexpr int SELECT_ROW_BITS = SAMPLE_ROW_BITS;
-#endif
-
 // The `want` largest of the block's (key, row) items: those with key > kth, and those with
 // key == kth and row <= last (the lowest rows among equal keys). Found without sorting, by
 // block-wide counts: kth bit by bit from the top (the largest x with at least `want` keys >= x),
@@ -169,7 +161,7 @@ __device__ Cut select_top(BlockCount& sum, int total, int want, CountGe count_ge
   if (at == want) return {kth, 0x7fffffff};
   const int need = want - (kth == 0xffffffffu ? 0 : sum(count_ge(kth + 1), ct));
   int last = 0;  // the largest row with fewer than `need` tied rows below it: the need-th row
-  for (int b = SELECT_ROW_BITS - 1; b >= 0; --b) {
+  for (int b = SAMPLE_ROW_BITS - 1; b >= 0; --b) {
     const int probe = last | (1 << b);
     if (sum(count_tie(kth, probe), ct) < need) last = probe;
   }
