@@ -252,9 +252,10 @@ def row_bits(vocab: int) -> int:
 
 
 def select_top(keys: np.ndarray, rows: np.ndarray, want: int, bits_of_rows: int) -> np.ndarray:
-    """Mask of the `want` largest keys (ties: the lowest rows), as decode/sampling.cuh's
-    `select_top` finds them with block-wide counts: the want-th largest key bit by bit from the top,
-    then, if more keys equal it than fit, the largest row taken among those, bit by bit."""
+    """Mask of the `want` largest keys (ties: the lowest rows), by counting: the want-th largest
+    key bit by bit from the top, then, if more keys equal it than fit, the largest row taken among
+    those, bit by bit. decode/sampling.cuh's `select_top` takes the same rows (its key by 8-bit
+    digits in a block-wide histogram: `kth_largest`)."""
     keys = keys.astype(np.uint32)
     kth, at = 0, keys.size  # at: how many keys are >= kth
     for b in range(31, -1, -1):

@@ -389,21 +389,21 @@ static void select_command() {
   std::vector<uint32_t> key(n);
   std::vector<int> row(n);
   for (int i = 0; i < n; ++i) std::scanf("%u %d", &key[i], &row[i]);
-  std::vector<int> red(4 * COMPUTE_WARPS);
+  std::vector<float> red(MISC_FLOATS, NAN);
+  Shared s{};
+  s.red = red.data();
   std::vector<char> out(n);
   run_block([&](int ct) {  // item i belongs to thread i % THREADS
-    BlockCount sum{red.data(), 0};
-    auto count_ge = [&](uint32_t x) {
-      int c = 0;
-      for (int i = ct; i < n; i += THREADS) c += key[i] >= x;
-      return c;
+    BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
+    auto each = [&](auto f) {  // every lane as often
+      for (int i = ct; i < (n + THREADS - 1) / THREADS * THREADS; i += THREADS) f(i < n ? key[i] : 0u, i < n);
     };
     auto count_tie = [&](uint32_t kth, int x) {
       int c = 0;
       for (int i = ct; i < n; i += THREADS) c += key[i] == kth && row[i] < x;
       return c;
     };
-    const Cut cut = select_top(sum, n, want, count_ge, count_tie, ct);
+    const Cut cut = select_top(s, sum, want, each, count_tie, ct);
     for (int i = ct; i < n; i += THREADS) out[i] = taken(cut, key[i], row[i]) ? '1' : '0';
   });
   std::printf("%s\n", std::string(out.begin(), out.end()).c_str());
@@ -511,9 +511,10 @@ static void dsa_topk_command() {
   read_float_bits(act.data(), n);
   Params p{};
   p.act = act.data();
-  std::vector<float> red(MISC_FLOATS, NAN);
+  std::vector<float> red(MISC_FLOATS, NAN), vec(MAX_K, NAN);
   Shared s{};
   s.red = red.data();
+  s.vec = vec.data();  // the keys it keeps
   int t[TASK_FIELDS] = {};
   t[F_OPCODE] = OP_DSA_TOPK;
   t[F_IN] = 0;

@@ -153,7 +153,9 @@ def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
     """Scores of contexts below, at and above TOPK: random; rounded to a few values (many
     exact ties, at the k-th place too); all zero (every head's ReLU zero); a run of equal
     scores straddling the cut; negative and positive zeros; one score far above the rest;
-    scores apart only in their last significand bits (the selection's every digit decides)."""
+    scores apart only in their last significand bits (the selection's every digit decides); a
+    context of more keys a thread than run_dsa_topk keeps in shared memory (TOPK_STAGED, 78
+    at this test's two compute warps)."""
     cases = []
     for n in (1, 5, TOPK, TOPK + 1, 40, 300, 1000, 3000):
         cases.append(torch.randn(n, generator=gen))
@@ -170,6 +172,8 @@ def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
         cases.append(y)
     for n in (300, 3000):
         cases.append(1.0 + torch.randint(0, 40, (n,), generator=gen) * 2.0 ** -23)
+    # more keys a thread than shared memory keeps (the rest read from L2 where used)
+    cases.append((torch.randn(6000, generator=gen) * 2).round())
     return cases
 
 

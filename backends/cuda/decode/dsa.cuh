@@ -204,21 +204,14 @@ __device__ void run_dsa_score(const Params& p, Shared& s, const int* t, long lon
 // The indexer's selection (ir/dsa.py: dsa_topk): of the n = pos + 1 tokens' scores (F_IN), the
 // DSA_TOPK largest, equal scores going to the earlier token, written to F_OUT (int32) in
 // increasing token order; up to DSA_TOPK tokens every one is chosen, and the list's unused
-// entries are -1. Past DSA_TOPK, a radix selection over the scores' order keys: each thread takes
-// a run of consecutive tokens (its first TOPK_HELD keys held in registers); a round counts the
-// keys that share the digits found so far by their next TOPK_DIGIT_BITS (a block-wide histogram,
-// a warp's lanes with equal digits adding once) and finds the digit of the key that is still
-// wanted, until kth, the DSA_TOPK-th key, is known. Every key above kth is chosen, and of those
-// equal to it the first in token order (a block-wide prefix of the threads' counts of them); a
-// second prefix places each thread's run. Four rounds of two barriers where select_top's
-// counting (the sampler's) takes 32 and more, each with the thread's keys read again from L2.
-constexpr int TOPK_DIGIT_BITS = 8, TOPK_BINS = 1 << TOPK_DIGIT_BITS;
-constexpr int TOPK_HELD = 8;  // n <= TOPK_HELD * NT: every key in registers through the rounds
-// s.red during the selection, past BlockCount's bank: two histograms, a round's and the next's
-// (cleared while this one is read), then the round's digit and the count of keys above it.
-constexpr int TOPK_HIST = SR_LIST, TOPK_FOUND = TOPK_HIST + 2 * TOPK_BINS;
-static_assert(TOPK_FOUND + 2 <= MISC_FLOATS, "the selection's histograms exceed s.red");
-static_assert(TOPK_BINS == 8 * 32, "warp 0 reads the histogram 8 bins a lane");
+// entries are -1. Past DSA_TOPK, each thread takes a run of consecutive tokens, kth_largest finds
+// the DSA_TOPK-th of the scores' order keys, every key above it is chosen and of those equal to
+// it the first in token order (a block-wide prefix of the threads' counts of them); a second
+// prefix places each thread's run. A thread's keys are read from L2 once and kept in shared
+// memory (s.vec, unused by this task), its key j at j * NT + ct (no bank conflicts), as many as
+// s.vec holds (TOPK_STAGED a thread: at 16 compute warps and MAX_K >= 4096, every key of a
+// 4096-token context); any further ones are read from L2 where used.
+constexpr int TOPK_STAGED = MAX_K / NT;
 
 __device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long pos, int ct) {
   const int n = static_cast<int>(pos + 1);
@@ -232,75 +225,28 @@ __device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long
   // A score's order key, -0.0 taken as 0.0 (x + 0 is +0 for either zero): equal scores to the
   // interpreter's sort, whose tie rule then decides.
   auto key = [&](int i) { return order_key(__ldcg(scores + i) + 0.f); };
-  uint32_t held[TOPK_HELD];
-#pragma unroll
-  for (int j = 0; j < TOPK_HELD; ++j) held[j] = lo + j < hi ? key(lo + j) : 0u;
-  // f(key, token) for the thread's tokens in order, then -1 for the places of its run past the
-  // context: every lane of a warp calls f as often (f may be warp-collective)
-  auto each = [&](auto f) {
-#pragma unroll
-    for (int j = 0; j < TOPK_HELD; ++j)
-      if (j < per) f(held[j], lo + j < hi ? lo + j : -1);
-    for (int j = TOPK_HELD; j < per; ++j) f(lo + j < hi ? key(lo + j) : 0u, lo + j < hi ? lo + j : -1);
+  uint32_t* staged = reinterpret_cast<uint32_t*>(s.vec) + ct;
+  const int in_smem = min(per, TOPK_STAGED);
+#pragma unroll 8
+  for (int j = 0; j < in_smem; ++j) staged[j * NT] = lo + j < hi ? key(lo + j) : 0u;
+  // f(key, token) for the thread's tokens in order, then (0, -1) for its run's places past the
+  // context: as often in every lane of a warp
+  auto tokens = [&](auto f) {
+    for (int j = 0; j < per; ++j)
+      f(lo + j >= hi ? 0u : j < in_smem ? staged[j * NT] : key(lo + j), lo + j < hi ? lo + j : -1);
   };
-  int* hist = reinterpret_cast<int*>(s.red + TOPK_HIST);
-  const int* found = reinterpret_cast<const int*>(s.red + TOPK_FOUND);
-  for (int b = ct; b < 2 * TOPK_BINS; b += NT) hist[b] = 0;
-  compute_sync();
-  uint32_t kth = 0;      // the digits found so far, then the DSA_TOPK-th key
-  int want = DSA_TOPK;   // of the keys that share those digits, how many are still to be chosen
-  for (int round = 0; round < 32 / TOPK_DIGIT_BITS; ++round) {
-    const int shift = 32 - TOPK_DIGIT_BITS * (round + 1);
-    const uint32_t known = static_cast<uint32_t>(~0ull << (shift + TOPK_DIGIT_BITS));
-    int* h = hist + (round & 1) * TOPK_BINS;
-    each([&](uint32_t k, int token) {
-      const bool live = token >= 0 && (k & known) == kth;
-      const int digit = live ? static_cast<int>(k >> shift) & (TOPK_BINS - 1) : -1;
-      const unsigned peers = __match_any_sync(0xffffffffu, digit);
-      if (live && (ct & 31) == __ffs(peers) - 1) atomicAdd(h + digit, __popc(peers));
-    });
-    compute_sync();
-    if (ct < 32) {
-      // lane l's 8 bins, the largest digits first: S, the count of digits >= a bin's, crosses
-      // `want` in exactly one bin (the histogram's keys are at least `want`)
-      const int top = TOPK_BINS - 8 * ct;
-      int mine = 0;
-#pragma unroll
-      for (int b = 1; b <= 8; ++b) mine += h[top - b];
-      int upto = mine;  // this lane's bins and the larger digits' lanes
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int v = __shfl_up_sync(0xffffffffu, upto, o);
-        if (ct >= o) upto += v;
-      }
-      if (upto - mine < want && upto >= want) {
-        int above = upto - mine;
-        for (int b = top - 1; b >= top - 8; --b) {
-          if (above + h[b] >= want) {
-            int* out = reinterpret_cast<int*>(s.red + TOPK_FOUND);
-            out[0] = b;
-            out[1] = above;
-            break;
-          }
-          above += h[b];
-        }
-      }
-    }
-    for (int b = ct; b < TOPK_BINS; b += NT) hist[((round + 1) & 1) * TOPK_BINS + b] = 0;
-    compute_sync();
-    kth |= static_cast<uint32_t>(found[0]) << shift;
-    want -= found[1];
-  }
+  const Kth kth = kth_largest(s, [&](auto f) { tokens([&](uint32_t k, int token) { f(k, token >= 0); }); },
+                              DSA_TOPK, ct);
   int above = 0, equal = 0;
-  each([&](uint32_t k, int token) {
-    above += token >= 0 && k > kth;
-    equal += token >= 0 && k == kth;
+  tokens([&](uint32_t k, int token) {
+    above += token >= 0 && k > kth.key;
+    equal += token >= 0 && k == kth.key;
   });
   BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
-  const int ties = max(0, min(equal, want - sum.before(equal, ct)));  // this thread's chosen ties
+  const int ties = max(0, min(equal, kth.ties - sum.before(equal, ct)));  // this thread's taken ties
   int at = sum.before(above + ties, ct), tied = 0;
-  each([&](uint32_t k, int token) {
-    if (token >= 0 && (k > kth || (k == kth && tied++ < ties))) __stcg(ids + at++, token);
+  tokens([&](uint32_t k, int token) {
+    if (token >= 0 && (k > kth.key || (k == kth.key && tied++ < ties))) __stcg(ids + at++, token);
   });
 }
 #endif  // DSA

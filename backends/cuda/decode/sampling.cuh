@@ -133,12 +133,79 @@ struct BlockCount {
   }
 };
 
+// The want-th largest of the block's keys, found without sorting by a radix selection: a round
+// counts the keys that share the digits found so far by their next KTH_DIGIT_BITS (a block-wide
+// histogram, the lanes of a warp with equal digits adding once) and warp 0 finds the digit of the
+// key still wanted, so that four rounds of two barriers find it (bit by bit, 32 rounds of a
+// block-wide count each had). `each(f)` calls f(key, live) for each of this thread's items, as
+// often in every lane of a warp (f is warp-collective); at least `want` items are live.
+struct Kth {
+  uint32_t key;
+  int ties, equal;  // of the items equal to key, how many are among the `want` largest; how many
+};
+constexpr int KTH_DIGIT_BITS = 8, KTH_BINS = 1 << KTH_DIGIT_BITS;
+// s.red during the search, past BlockCount's bank: two histograms, a round's and the next's
+// (cleared while this one is read), then the round's digit, the count of keys above it and its own.
+constexpr int KTH_HIST = SR_LIST, KTH_FOUND = KTH_HIST + 2 * KTH_BINS;
+static_assert(KTH_FOUND + 3 <= MISC_FLOATS, "the radix selection's histograms exceed s.red");
+static_assert(KTH_BINS == 8 * 32, "warp 0 reads the histogram 8 bins a lane");
+template <class Each>
+__device__ Kth kth_largest(Shared& s, Each each, int want, int ct) {
+  int* hist = reinterpret_cast<int*>(s.red + KTH_HIST);
+  int* found = reinterpret_cast<int*>(s.red + KTH_FOUND);
+  for (int b = ct; b < 2 * KTH_BINS; b += NT) hist[b] = 0;
+  compute_sync();
+  uint32_t kth = 0;  // the digits found so far
+  for (int round = 0; round < 32 / KTH_DIGIT_BITS; ++round) {
+    const int shift = 32 - KTH_DIGIT_BITS * (round + 1);
+    const uint32_t known = static_cast<uint32_t>(~0ull << (shift + KTH_DIGIT_BITS));
+    int* h = hist + (round & 1) * KTH_BINS;
+    each([&](uint32_t k, bool live) {
+      live = live && (k & known) == kth;
+      const int digit = live ? static_cast<int>(k >> shift) & (KTH_BINS - 1) : -1;
+      const unsigned peers = __match_any_sync(0xffffffffu, digit);
+      if (live && (ct & 31) == __ffs(peers) - 1) atomicAdd(h + digit, __popc(peers));
+    });
+    compute_sync();
+    if (ct < 32) {
+      // lane l's 8 bins, the largest digits first: the count of keys with a digit >= a bin's
+      // crosses `want` in exactly one bin
+      const int top = KTH_BINS - 8 * ct;
+      int mine = 0;
+#pragma unroll
+      for (int b = 1; b <= 8; ++b) mine += h[top - b];
+      int upto = mine;  // this lane's bins and the larger digits' lanes
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, upto, o);
+        if (ct >= o) upto += v;
+      }
+      int above = upto - mine;
+      if (above < want && upto >= want) {
+        for (int b = top - 1; b >= top - 8; --b) {
+          if (above + h[b] >= want) {
+            found[0] = b;
+            found[1] = above;
+            found[2] = h[b];
+            break;
+          }
+          above += h[b];
+        }
+      }
+    }
+    for (int b = ct; b < KTH_BINS; b += NT) hist[((round + 1) & 1) * KTH_BINS + b] = 0;
+    compute_sync();
+    kth |= static_cast<uint32_t>(found[0]) << shift;
+    want -= found[1];
+  }
+  return {kth, want, found[2]};  // the last round's bin: the keys equal to kth in every digit
+}
+
 // The `want` largest of the block's (key, row) items: those with key > kth, and those with
-// key == kth and row <= last (the lowest rows among equal keys). Found without sorting, by
-// block-wide counts: kth bit by bit from the top (the largest x with at least `want` keys >= x),
-// then, only if more keys equal kth than fit, `last` bit by bit over the row bits. ir/sampling.py:
-// select_top is the same algorithm. `total`: the block's item count; count_ge(x): this thread's
-// items with key >= x; count_tie(kth, x): its items with key == kth and row < x.
+// key == kth and row <= last (the lowest rows among equal keys). kth by kth_largest, then, only
+// if more keys equal kth than fit, `last` bit by bit over the row bits. ir/sampling.py:
+// select_top finds the same items (kth by counting bit by bit). `each` as kth_largest's;
+// count_tie(kth, x): this thread's items with key == kth and row < x.
 struct Cut {
   uint32_t kth;
   int last;
@@ -146,26 +213,16 @@ struct Cut {
 __device__ __forceinline__ bool taken(const Cut& c, uint32_t key, int row) {
   return key > c.kth || (key == c.kth && row <= c.last);
 }
-template <class CountGe, class CountTie>
-__device__ Cut select_top(BlockCount& sum, int total, int want, CountGe count_ge, CountTie count_tie, int ct) {
-  uint32_t kth = 0;
-  int at = total;  // items with key >= kth
-  for (int b = 31; b >= 0; --b) {
-    const uint32_t probe = kth | (1u << b);
-    const int n = sum(count_ge(probe), ct);
-    if (n >= want) {
-      kth = probe;
-      at = n;
-    }
-  }
-  if (at == want) return {kth, 0x7fffffff};
-  const int need = want - (kth == 0xffffffffu ? 0 : sum(count_ge(kth + 1), ct));
-  int last = 0;  // the largest row with fewer than `need` tied rows below it: the need-th row
+template <class Each, class CountTie>
+__device__ Cut select_top(Shared& s, BlockCount& sum, int want, Each each, CountTie count_tie, int ct) {
+  const Kth k = kth_largest(s, each, want, ct);
+  if (k.ties == k.equal) return {k.key, 0x7fffffff};
+  int last = 0;  // the largest row with fewer than `ties` tied rows below it: the ties-th row
   for (int b = SAMPLE_ROW_BITS - 1; b >= 0; --b) {
     const int probe = last | (1 << b);
-    if (sum(count_tie(kth, probe), ct) < need) last = probe;
+    if (sum(count_tie(k.key, probe), ct) < k.ties) last = probe;
   }
-  return {kth, last};
+  return {k.key, last};
 }
 
 // Temperature only, lm_head side: this thread's best (score, row) by Gumbel-max score instead
@@ -220,17 +277,15 @@ __device__ void lm_head_candidates(const Params& p, const Sampling& sp, Shared& 
     return;
   }
   BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
-  auto count_ge = [&](uint32_t x) {
-    int n = 0;
-    for (int i = ct; i < rows; i += NT) n += order_key(lm_logit(s, i, rstd)) >= x;
-    return n;
+  auto each = [&](auto f) {  // every lane the same number of times
+    for (int i = ct; i < (rows + NT - 1) / NT * NT; i += NT) f(i < rows ? order_key(lm_logit(s, i, rstd)) : 0u, i < rows);
   };
   auto count_tie = [&](uint32_t kth, int x) {
     int n = 0;
     for (int i = ct; i < rows; i += NT) n += order_key(lm_logit(s, i, rstd)) == kth && row0 + i < x;
     return n;
   };
-  const Cut cut = select_top(sum, rows, SAMPLE_SLOTS, count_ge, count_tie, ct);
+  const Cut cut = select_top(s, sum, SAMPLE_SLOTS, each, count_tie, ct);
   for (int i = ct; i < rows; i += NT) {
     const float y = lm_logit(s, i, rstd);
     if (!taken(cut, order_key(y), row0 + i)) continue;
@@ -293,20 +348,15 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
   const float* logits = part + CANDIDATE_LOGITS + ct;  // this thread's candidates: every NT-th
   const int* rows = reinterpret_cast<const int*>(part + CANDIDATE_ROWS) + ct;
   int* fill = reinterpret_cast<int*>(s.red + SR_FILL);
-  if (ct == 0) *fill = 0;  // the first block count's barrier orders this before its use
+  if (ct == 0) *fill = 0;  // the selection's first barrier orders this before its use
   uint32_t key[CANDIDATES_PER_THREAD];  // 0: no candidate
-  int valid = 0;
 #pragma unroll
-  for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) {
+  for (int j = 0; j < CANDIDATES_PER_THREAD; ++j)
     key[j] = ct + j * NT < CANDIDATES ? order_key(__ldcg(logits + j * NT)) : 0u;
-    valid += key[j] != 0;
-  }
   BlockCount sum{reinterpret_cast<int*>(s.red + SR_COUNT), 0};
-  auto count_ge = [&](uint32_t x) {
-    int n = 0;
+  auto each = [&](auto f) {
 #pragma unroll
-    for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) n += key[j] >= x;
-    return n;
+    for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) f(key[j], true);
   };
   auto count_tie = [&](uint32_t kth, int x) {
     int n = 0;
@@ -314,8 +364,7 @@ __device__ int sample_filtered(const Params& p, const Sampling& sp, Shared& s, c
     for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) n += key[j] == kth && __ldcg(rows + j * NT) < x;
     return n;
   };
-  const int total = sum(valid, ct);
-  const Cut cut = select_top(sum, total, SAMPLE_WANT, count_ge, count_tie, ct);
+  const Cut cut = select_top(s, sum, SAMPLE_WANT, each, count_tie, ct);
   float2* list = reinterpret_cast<float2*>(s.red + SR_LIST);
 #pragma unroll
   for (int j = 0; j < CANDIDATES_PER_THREAD; ++j) {
