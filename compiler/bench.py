@@ -50,6 +50,7 @@ from tilertc.compile_report import StageDisplay
 from tilertc.driver import TUNING_FLAGS, TUNING_KNOBS, schedule_tuning
 from tilertc.engine import device_bytes
 from tilertc.inspect import human_bytes
+from tilertc.ir.sampling import SamplingParams
 from tilertc.model_specs import load_spec
 from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
@@ -67,6 +68,8 @@ BASELINES: dict[str, Callable[..., baselines.BaselineResult]] = {
 # flat logits, where fewer steps than that are clear.
 GATE_PROMPT, GATE_STEPS, GATE_MAX_STEPS = 32, 16, 64
 WARMUP_TOKENS = 8
+GREEDY = SamplingParams()
+SAMPLED = " sampled"  # after a kernel's name: its row timed with --temperature's sampling
 PREFILL_CHUNK = 256  # tokens: a chunk's attention scores and activations stay small
 PROFILE_STEPS = 8
 
@@ -96,6 +99,9 @@ class BenchConfig:
     # Config keys replaced before the spec is read (`load_spec`'s overrides): a variant of the
     # model, such as the few-layer ones `tilertc bench --per-layer` times.
     overrides: tuple[tuple[str, Any], ...] = ()
+    # Not greedy: every tilertc kernel is timed a second time sampling with these settings in
+    # the kernel (SAMPLED rows); the gate and the baselines stay greedy.
+    sampling: SamplingParams | None = None
     command: str = ""
 
 
@@ -158,6 +164,12 @@ def parse_tuning(pairs: tuple[str, ...]) -> tuple[tuple[str, int], ...]:
         else:
             out.append((key, int(value)))
     return tuple(out)
+
+
+def describe(sampling: SamplingParams) -> str:
+    """The sampling settings as the bench's rows say them."""
+    return (f"temperature {sampling.temperature:g}, top-k {sampling.top_k or 'off'}, "
+            f"top-p {sampling.top_p:g}, seed {sampling.seed}")
 
 
 def check_points(points: tuple[tuple[int, int], ...]) -> None:
@@ -349,10 +361,11 @@ def run_gate(engine: Any, weights: dict[str, torch.Tensor], device: str, seed: i
 
 
 def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
-                name: str = "tilertc") -> list[float]:
+                name: str = "tilertc", sampling: SamplingParams = GREEDY) -> list[float]:
     """Prefill (the interpreter, untimed), warm up, then time `gen` tokens of one launch by
     the host clock at which each token arrives through the host-mapped ring: the seconds
-    between consecutive tokens, the launch's first interval left out."""
+    between consecutive tokens, the launch's first interval left out. Tokens chosen as
+    `sampling` says (in the kernel)."""
     engine.position = 0
     with phase(f"{name}: prefill of {prompt.numel() - 1} tokens (interpreter, not timed)"):
         # In chunks: the interpreter's attention holds [tokens, heads, context] scores.
@@ -360,11 +373,13 @@ def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
             engine.prefill(chunk)
     start_pos, last = engine.position, prompt[-1:]
     with phase(f"{name}: {gen} tokens in one launch"):
-        list(engine.generate(last, min(WARMUP_TOKENS, gen)))  # returns once the kernel ended
+        choose = {"temperature": sampling.temperature, "top_k": sampling.top_k,
+                  "top_p": sampling.top_p, "seed": sampling.seed}
+        list(engine.generate(last, min(WARMUP_TOKENS, gen), **choose))  # returns once it ended
         engine.position = start_pos
         arrivals = []
         start = time.perf_counter()
-        for _ in engine.generate(last, gen):
+        for _ in engine.generate(last, gen, **choose):
             arrivals.append(time.perf_counter())
     engine.position = start_pos
     if len(arrivals) != gen:
@@ -436,6 +451,9 @@ def run_bench(config: BenchConfig,
         nonlocal profile
         for i, ((_, gen), prompt) in enumerate(zip(config.points, prompts, strict=True)):
             intervals[i].setdefault(name, []).extend(time_kernel(engine, prompt, gen, phase, name))
+            if config.sampling:
+                intervals[i].setdefault(name + SAMPLED, []).extend(time_kernel(
+                    engine, prompt, gen, phase, name + SAMPLED, config.sampling))
             if config.profile and profile is None:
                 with phase(f"{name}: {min(PROFILE_STEPS, gen)} profiled steps"):
                     profile = profile_engine(engine, int(prompt[-1]), min(PROFILE_STEPS, gen))
@@ -456,6 +474,8 @@ def run_bench(config: BenchConfig,
                                       "max_seq_len": km["max_seq_len"],
                                       "options": km["options"]}, "gate": gate.to_dict()}
         details[name] = f"persistent kernel ({km['options']['backend']}), artifact {km['hash']}"
+        if config.sampling:
+            details[name + SAMPLED] = f"{name} sampling in the kernel: {describe(config.sampling)}"
         device_name = torch.cuda.get_device_name(engine.device)
         if config.rounds > 1:
             engines[name] = engine

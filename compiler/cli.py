@@ -7,6 +7,7 @@ import click
 from rich.console import Console
 
 from tilertc.driver import BACKENDS
+from tilertc.ir.sampling import SamplingParams
 from tilertc.ir.target import TARGETS, get_target
 from tilertc.model_specs import ModelSpec, SpecError, load_spec
 from tilertc.model_specs.hf import WEIGHT_DTYPES, with_weight_dtype
@@ -181,7 +182,6 @@ def run_command(artifact: str, weights: str | None, random_weights: bool, seed: 
     """
     from tilertc.artifact import check_capacity, model_spec, read_manifest
     from tilertc.engine import Engine
-    from tilertc.ir.sampling import SamplingParams
     from tilertc.token_stream import (
         TextStream,
         load_tokenizer,
@@ -284,6 +284,22 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
     return parsed
 
 
+def _bench_sampling(temperature: float, top_k: int, top_p: float, seed: int, tp: int,
+                    per_layer: bool) -> SamplingParams | None:
+    """The sampling the bench times beside greedy decoding; None: greedy only."""
+    if temperature == 0:
+        if (top_k, top_p, seed) != (0, 1.0, 0):
+            raise click.UsageError("--top-k, --top-p and --sample-seed go with --temperature")
+        return None
+    if per_layer or tp > 1:
+        raise click.UsageError("--temperature times sampling on one GPU, not with "
+                               + ("--per-layer" if per_layer else f"--tp {tp}"))
+    try:
+        return SamplingParams(temperature, top_k, top_p, seed)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--temperature/--top-k/--top-p") from None
+
+
 @main.command("bench")
 @click.argument("model")
 @click.option("--context", type=click.IntRange(min=1), default=1024, show_default=True,
@@ -327,6 +343,16 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
               help="Time one full-width layer of each kind (dense, MoE) by difference of a "
                    "1-layer and a (1 + N)-layer variant, against its bytes, and project the "
                    "whole model on 8 GPUs (a projection, not a measurement).")
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Not 0: also time each tilertc kernel sampling in the kernel from "
+                   "softmax(logits / T), as `tilertc run` does (rows 'NAME sampled'); the "
+                   "correctness gate and the baselines stay greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True,
+              help="With --temperature: sample among the K most likely tokens (0: off).")
+@click.option("--top-p", type=float, default=1.0, show_default=True,
+              help="With --temperature: sample within the nucleus of probability P.")
+@click.option("--sample-seed", type=int, default=0, show_default=True,
+              help="With --temperature: the sampler's seed.")
 @click.option("--layers-timed", type=click.IntRange(min=1), default=None,
               help="--per-layer: N [default: 4, or fewer where 1 + N layers do not fit].")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), default=None,
@@ -336,8 +362,9 @@ def _bench_points(context: int, gen: int, points: str | None) -> tuple[tuple[int
 def bench_command(model: str, context: int, gen: int, points: str | None, systems: str,
                   tp: int, weights: str | None, seed: int, out_dir: str | None, profile: bool,
                   tune: tuple[str, ...], backends: str, artifacts: tuple[str, ...],
-                  rounds: int, weight_dtype: str | None, per_layer: bool, layers_timed: int | None,
-                  allreduce_us: float | None, device: str) -> None:
+                  rounds: int, weight_dtype: str | None, per_layer: bool,
+                  temperature: float, top_k: int, top_p: float, sample_seed: int,
+                  layers_timed: int | None, allreduce_us: float | None, device: str) -> None:
     """Benchmark MODEL's persistent kernel against Hugging Face eager, Hugging Face in a CUDA
     graph and a kernel-per-op engine, on one GPU, with the same weights and prompt.
 
@@ -375,6 +402,7 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
         chosen = ("tilertc",)  # the baselines do not run the variants
     if not per_layer and (layers_timed is not None or allreduce_us is not None):
         raise click.UsageError("--layers-timed and --allreduce-us go with --per-layer")
+    sampling = _bench_sampling(temperature, top_k, top_p, sample_seed, tp, per_layer)
     try:
         tuning = parse_tuning(tune)
     except ValueError as e:
@@ -388,7 +416,7 @@ def bench_command(model: str, context: int, gen: int, points: str | None, system
                          out=Path(out_dir or f"bench-{name}"), systems=chosen, weights=weights,
                          seed=seed, tp=tp, device=device, profile=profile, tuning=tuning,
                          backends=chosen_backends, artifacts=tuple(map(Path, artifacts)),
-                         rounds=rounds, weight_dtype=weight_dtype,
+                         rounds=rounds, weight_dtype=weight_dtype, sampling=sampling,
                          command=" ".join(["tilertc", *sys.argv[1:]]))
     console = Console()
     if not console.is_terminal:  # piped or captured: do not squeeze the tables to 80 columns

@@ -589,7 +589,7 @@ def test_help_names_every_option() -> None:
     assert result.exit_code == 0
     for option in ("--context", "--gen", "--points", "--systems", "--tp", "--weights", "--out",
                    "--profile", "--device", "--tune", "--backend", "--artifact",
-                   "--weight-dtype"):
+                   "--weight-dtype", "--temperature", "--top-k", "--top-p", "--sample-seed"):
         assert option in result.output
 
 
@@ -600,6 +600,12 @@ def test_help_names_every_option() -> None:
     (["--gen", "1"], "--gen"),
     (["--tune", "page_kb=big"], "KNOB=INTEGER"),
     (["--backend", "cuda,triton"], "unknown backend(s) triton"),
+    (["--top-k", "5"], "--top-k, --top-p and --sample-seed go with --temperature"),
+    (["--temperature", "0.7", "--tp", "2"], "--temperature times sampling on one GPU, not with "
+                                            "--tp 2"),
+    (["--temperature", "0.7", "--per-layer"], "not with --per-layer"),
+    (["--temperature", "-1"], "temperature must be 0 (greedy) or at least"),
+    (["--temperature", "0.7", "--top-p", "1.5"], "top_p must be a number in (0, 1]"),
 ])
 def test_argument_errors(args: list[str], message: str) -> None:
     result = cli("bench", "llama-tiny", *args)
@@ -681,6 +687,23 @@ def test_bench_times_every_kernel_after_its_gate(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+def test_bench_times_sampled_decoding_beside_greedy(tmp_path: Path) -> None:
+    """--temperature adds a row of the same kernel sampling in the kernel, named for it and
+    saying its settings, compared with the greedy row."""
+    result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--systems", "tilertc",
+                 "--temperature", "0.8", "--top-k", "20", "--top-p", "0.9", "--out",
+                 str(tmp_path))
+    assert result.exit_code == 0, result.output
+    (point,) = json.loads((tmp_path / "bench.json").read_text())["points"]
+    systems = {s["name"]: s for s in point["systems"]}
+    assert list(systems) == ["tilertc", "tilertc sampled"]
+    sampled = systems["tilertc sampled"]
+    assert sampled["status"] == "ok" and sampled["ms_per_token_median"] > 0
+    assert sampled["detail"].endswith("temperature 0.8, top-k 20, top-p 0.9, seed 0")
+    assert sampled["speedup_vs"]["tilertc"] > 0
+
+
+@pytest.mark.gpu
 def test_bench_profile_on_gpu(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     result = cli("bench", "llama-tiny", "--context", "64", "--gen", "32", "--systems",
@@ -712,6 +735,7 @@ class InterpreterEngine:
         self.position, self.steps, self.corrupt_step = 0, 0, corrupt_step
         self.misroute_step, self.env = misroute_step, {}
         self.prefills: list[int] = []
+        self.sampled_with: list[dict] = []  # each generate's sampling settings
 
     def reference(self, cache_dtype: torch.dtype | None = None):
         ref = self.interp.fresh(cache_dtype)
@@ -747,7 +771,8 @@ class InterpreterEngine:
         self.steps += 1
         return int(logits.argmax()), logits
 
-    def generate(self, ids, max_new_tokens: int):
+    def generate(self, ids, max_new_tokens: int, **sampling):
+        self.sampled_with.append(sampling)
         token = int(torch.as_tensor(ids).reshape(-1)[-1])
         for _ in range(max_new_tokens):
             token, _ = self.step(token)
@@ -790,6 +815,24 @@ def test_time_kernel_prefills_in_chunks_and_times_each_token(monkeypatch) -> Non
     timing = Timing.from_seconds(bench.time_kernel(engine, prompt, 6, bench.quiet_phase))
     assert engine.prefills == [16, 16, 7] and engine.position == 39
     assert timing.tokens == 5 and 0 < timing.ms_median <= timing.ms_p90
+
+
+def test_time_kernel_samples_as_asked(monkeypatch) -> None:
+    """The warm-up and the timed launch both choose tokens with the settings given (greedy
+    by default), as `Engine.generate` takes them."""
+    import tilertc.bench as bench
+    from tilertc.ir.sampling import SamplingParams
+
+    engine = InterpreterEngine("llama-tiny")
+    prompt = torch.arange(8) % engine.spec.vocab_size
+    bench.time_kernel(engine, prompt, 4, bench.quiet_phase)
+    bench.time_kernel(engine, prompt, 4, bench.quiet_phase,
+                      sampling=SamplingParams(0.7, 40, 0.9, 3))
+    greedy = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "seed": 0}
+    sampled = {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "seed": 3}
+    assert engine.sampled_with == [greedy, greedy, sampled, sampled]
+    assert bench.describe(SamplingParams(0.7, 0, 0.9, 3)) == (
+        "temperature 0.7, top-k off, top-p 0.9, seed 3")
 
 
 def test_rounds_take_turns_in_alternating_order() -> None:
