@@ -19,7 +19,8 @@
 #             `python tools/one_layer.py glm-5 moe .out/ab/glm-new --weight-dtype fp8` and the
 #             same with `--at REV` for -old; carry .out), tools/layer_path.py of each (the
 #             op-by-op timeline: two runs of one kernel differ by ~1.5 us at a layer's end) and
-#             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt.
+#             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt; at 1k context,
+#             or at N for a NAME ending in @N (e.g. ds-long@3000: build with --max-seq-len 4096).
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
@@ -89,19 +90,21 @@ bench() {
 }
 
 ab() {
-    local old name report=$out/ab.txt pairs=0
+    local old name context report=$out/ab.txt pairs=0
     for old in .out/ab/*-old; do
         [ -d "$old" ] && [ -d "${old%-old}-new" ] || continue
         name=$(basename "${old%-old}")
+        context=1024
+        [[ $name == *@* ]] && context=${name##*@}
         pairs=$((pairs + 1))
         for build in old new; do
             echo "== $name-$build: layer_path" >>"$report"
-            timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context 1024 \
+            timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context "$context" \
                 --later-steps >>"$report" 2>&1
         done
         echo "== $name: bench old (baseline) against new" >>"$report"
         timeout 240 tilertc bench "$old" --artifact ".out/ab/$name-new" --systems tilertc \
-            --context 1024 --gen 64 --rounds 3 --out "$out/bench-ab-$name" >>"$report" 2>&1
+            --context "$context" --gen 64 --rounds 3 --out "$out/bench-ab-$name" >>"$report" 2>&1
         echo "ab $name (rc $?): $(grep -E '│ tilertc' "$report" | tail -2 | tr -s ' ' | tr '\n' ' ')"
     done
     [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"
