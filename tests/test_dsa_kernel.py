@@ -177,13 +177,19 @@ def topk_cases(gen: torch.Generator) -> list[torch.Tensor]:
     return cases
 
 
-def test_kernel_topk_is_the_interpreters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_seq_len", [2048, 8192])
+def test_kernel_topk_is_the_interpreters(tmp_path: Path, max_seq_len: int) -> None:
     """run_dsa_topk (a radix selection, then prefixes of the tied and chosen counts) picks the
     interpreter's tokens in its order: the TOPK largest scores, equal scores (-0.0 and 0.0
-    too) to the earlier token, in increasing token order, -1 past the context's tokens."""
-    program = make_program(dsa_tiny(), "h200", max_seq_len=2048, tuning={"compute_warps": 2})
-    exe = build_step_harness(tmp_path, codegen.constants(program))
-    cases = topk_cases(torch.Generator().manual_seed(3))
+    too) to the earlier token, in increasing token order, -1 past the context's tokens. With
+    a cache of 2048 positions every key fits shared memory (TOPK_ALL_STAGED); with 8192 the
+    keys past what it holds are read from L2."""
+    program = make_program(dsa_tiny(), "h200", max_seq_len=max_seq_len,
+                           tuning={"compute_warps": 2})
+    consts = codegen.constants(program)
+    assert (consts["MAX_K"] // 64 * 64 >= max_seq_len) == (max_seq_len == 2048)
+    exe = build_step_harness(tmp_path, consts)
+    cases = [x for x in topk_cases(torch.Generator().manual_seed(3)) if len(x) <= max_seq_len]
     lines = [f"dsa_topk {len(x)} {' '.join(str(b) for b in x.numpy().view(np.uint32))}"
              for x in cases]
     out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True,

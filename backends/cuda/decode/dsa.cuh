@@ -210,8 +210,11 @@ __device__ void run_dsa_score(const Params& p, Shared& s, const int* t, long lon
 // prefix places each thread's run. A thread's keys are read from L2 once and kept in shared
 // memory (s.vec, unused by this task), its key j at j * NT + ct (no bank conflicts), as many as
 // s.vec holds (TOPK_STAGED a thread: at 16 compute warps and MAX_K >= 4096, every key of a
-// 4096-token context); any further ones are read from L2 where used.
+// 4096-token context); any further ones are read from L2 where used, code compiled in only
+// where the cache's capacity exceeds what s.vec holds (it held registers through the rounds:
+// 8 B more spilled in the tp 8 DeepSeek-V3.2 kernel).
 constexpr int TOPK_STAGED = MAX_K / NT;
+constexpr bool TOPK_ALL_STAGED = TOPK_STAGED * NT >= MAX_SEQ;
 
 __device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long pos, int ct) {
   const int n = static_cast<int>(pos + 1);
@@ -233,7 +236,8 @@ __device__ void run_dsa_topk(const Params& p, Shared& s, const int* t, long long
   // context: as often in every lane of a warp
   auto tokens = [&](auto f) {
     for (int j = 0; j < per; ++j)
-      f(lo + j >= hi ? 0u : j < in_smem ? staged[j * NT] : key(lo + j), lo + j < hi ? lo + j : -1);
+      f(lo + j >= hi ? 0u : TOPK_ALL_STAGED || j < in_smem ? staged[j * NT] : key(lo + j),
+        lo + j < hi ? lo + j : -1);
   };
   const Kth kth = kth_largest(s, [&](auto f) { tokens([&](uint32_t k, int token) { f(k, token >= 0); }); },
                               DSA_TOPK, ct);
