@@ -2,6 +2,7 @@
 
 import json
 import time
+from collections.abc import Callable
 
 import click
 from rich.console import Console
@@ -89,6 +90,27 @@ WEIGHT_DTYPE = click.option(
     "bf16 [default: the config's own, bf16 unless it has an FP8 quantization_config].")
 
 
+
+def sampling_options(temperature_help: str) -> Callable[[Callable], Callable]:
+    """--temperature (its help given: what sampling does for the command), --top-k, --top-p and
+    --sample-seed, as `SamplingParams` takes them."""
+    options = (
+        click.option("--temperature", type=float, default=0.0, show_default=True,
+                     help=temperature_help),
+        click.option("--top-k", type=int, default=0, show_default=True,
+                     help="Sample among the K most likely tokens (0: off)."),
+        click.option("--top-p", type=float, default=1.0, show_default=True,
+                     help="Sample within the nucleus of probability P."),
+        click.option("--sample-seed", type=int, default=0, show_default=True,
+                     help="Seed of the sampler (same seed, same tokens)."))
+
+    def apply(command: Callable) -> Callable:
+        for option in reversed(options):
+            command = option(command)
+        return command
+    return apply
+
+
 @main.command("compile")
 @click.argument("model")
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
@@ -163,14 +185,7 @@ def compile_command(model: str, out_dir: str, target: str, backend: str,
               help="Tokens to generate at most [default: 128, or what fits the KV cache].")
 @click.option("--eos-id", type=int, default=None,
               help="Stop at this token [default: the tokenizer's EOS, if there is a tokenizer].")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="0: greedy; otherwise sample in the kernel from softmax(logits / T).")
-@click.option("--top-k", type=int, default=0, show_default=True,
-              help="Sample among the K most likely tokens (0: off).")
-@click.option("--top-p", type=float, default=1.0, show_default=True,
-              help="Sample within the nucleus of probability P.")
-@click.option("--sample-seed", type=int, default=0, show_default=True,
-              help="Seed of the sampler (same seed, same tokens).")
+@sampling_options("0: greedy; otherwise sample in the kernel from softmax(logits / T).")
 @click.option("--device", default="cuda:0", show_default=True)
 def run_command(artifact: str, weights: str | None, random_weights: bool, seed: int,
                 prompt: str | None, prompt_ids: str | None, max_new_tokens: int | None,
@@ -343,16 +358,9 @@ def _bench_sampling(temperature: float, top_k: int, top_p: float, seed: int, tp:
               help="Time one full-width layer of each kind (dense, MoE) by difference of a "
                    "1-layer and a (1 + N)-layer variant, against its bytes, and project the "
                    "whole model on 8 GPUs (a projection, not a measurement).")
-@click.option("--temperature", type=float, default=0.0, show_default=True,
-              help="Not 0: also time each tilertc kernel sampling in the kernel from "
-                   "softmax(logits / T), as `tilertc run` does (rows 'NAME sampled'); the "
-                   "correctness gate and the baselines stay greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True,
-              help="With --temperature: sample among the K most likely tokens (0: off).")
-@click.option("--top-p", type=float, default=1.0, show_default=True,
-              help="With --temperature: sample within the nucleus of probability P.")
-@click.option("--sample-seed", type=int, default=0, show_default=True,
-              help="With --temperature: the sampler's seed.")
+@sampling_options("Not 0: also time each tilertc kernel sampling in the kernel from "
+                  "softmax(logits / T), as `tilertc run` does (rows 'NAME sampled'); the "
+                  "correctness gate and the baselines stay greedy.")
 @click.option("--layers-timed", type=click.IntRange(min=1), default=None,
               help="--per-layer: N [default: 4, or fewer where 1 + N layers do not fit].")
 @click.option("--allreduce-us", type=click.FloatRange(min=0), default=None,

@@ -41,6 +41,7 @@
 //                                       every rank from its wait on (which checks that all TP
 //                                       arrived), as the ranks' GPUs would.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -205,31 +206,26 @@ template <class T> static T __shfl_up_sync(unsigned, T v, int o) {
   const int lane = tl_ct & 31;
   return lane_value(v, lane >= o ? lane - o : lane);
 }
-static unsigned __reduce_add_sync(unsigned, unsigned v) {
+// Every lane's v, as each lane of the warp sees them (every lane of the warp calls this).
+template <class T> static std::array<T, 32> warp_values(T v) {
   Warp& w = warps[tl_ct >> 5];
   std::memcpy(w.buf[tl_ct & 31], &v, sizeof v);
   w.bar.arrive_and_wait();
-  unsigned total = 0;
-  for (int l = 0; l < 32; ++l) {
-    unsigned u;
-    std::memcpy(&u, w.buf[l], sizeof u);
-    total += u;
-  }
+  std::array<T, 32> all;
+  for (int l = 0; l < 32; ++l) std::memcpy(&all[l], w.buf[l], sizeof v);
   w.bar.arrive_and_wait();
+  return all;
+}
+static unsigned __reduce_add_sync(unsigned, unsigned v) {
+  unsigned total = 0;
+  for (unsigned u : warp_values(v)) total += u;
   return total;
 }
-// The lanes of the warp whose v equals this lane's, as a mask (the DSA selection's histogram).
+// The lanes of the warp whose v equals this lane's, as a mask (the radix selection's histogram).
 static unsigned __match_any_sync(unsigned, int v) {
-  Warp& w = warps[tl_ct >> 5];
-  std::memcpy(w.buf[tl_ct & 31], &v, sizeof v);
-  w.bar.arrive_and_wait();
+  const std::array<int, 32> all = warp_values(v);
   unsigned peers = 0;
-  for (int l = 0; l < 32; ++l) {
-    int u;
-    std::memcpy(&u, w.buf[l], sizeof u);
-    if (u == v) peers |= 1u << l;
-  }
-  w.bar.arrive_and_wait();
+  for (int l = 0; l < 32; ++l) peers |= static_cast<unsigned>(all[l] == v) << l;
   return peers;
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
