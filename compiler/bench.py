@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -373,8 +373,7 @@ def time_kernel(engine: Any, prompt: torch.Tensor, gen: int, phase: Phase,
             engine.prefill(chunk)
     start_pos, last = engine.position, prompt[-1:]
     with phase(f"{name}: {gen} tokens in one launch"):
-        choose = {"temperature": sampling.temperature, "top_k": sampling.top_k,
-                  "top_p": sampling.top_p, "seed": sampling.seed}
+        choose = asdict(sampling)  # Engine.generate's keywords are its fields
         list(engine.generate(last, min(WARMUP_TOKENS, gen), **choose))  # returns once it ended
         engine.position = start_pos
         arrivals = []

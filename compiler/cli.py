@@ -90,7 +90,6 @@ WEIGHT_DTYPE = click.option(
     "bf16 [default: the config's own, bf16 unless it has an FP8 quantization_config].")
 
 
-
 def sampling_options(temperature_help: str) -> Callable[[Callable], Callable]:
     """--temperature (its help given: what sampling does for the command), --top-k, --top-p and
     --sample-seed, as `SamplingParams` takes them."""

@@ -211,8 +211,8 @@ __device__ void run_dsa_score(const Params& p, Shared& s, const int* t, long lon
 // memory (s.vec, unused by this task), its key j at j * NT + ct (no bank conflicts), as many as
 // s.vec holds (TOPK_STAGED a thread: at 16 compute warps and MAX_K >= 4096, every key of a
 // 4096-token context); any further ones are read from L2 where used, code compiled in only
-// where the cache's capacity exceeds what s.vec holds (it held registers through the rounds:
-// 8 B more spilled in the tp 8 DeepSeek-V3.2 kernel).
+// where the cache's capacity exceeds what s.vec holds (compiled into every kernel, that path
+// cost the tp 8 DeepSeek-V3.2 kernel 8 B more of spills).
 constexpr int TOPK_STAGED = MAX_K / NT;
 constexpr bool TOPK_ALL_STAGED = TOPK_STAGED * NT >= MAX_SEQ;
 
