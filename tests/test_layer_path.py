@@ -1,5 +1,6 @@
 """tools/layer_path.py: a layer's ops in the order they run, from stamps made up with known
-times, the layers folded into their mean and ops outside the layers left out."""
+times, the layers folded into their mean and ops outside the layers left out, and an op's tail
+split into what its tasks' sizes explain and the rest."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from layer_path import layer_path  # noqa: E402
 def test_the_path_from_known_stamps() -> None:
     """Two layers of `qkv` (two tasks) then `attention` (one task), and an `embed` task before
     them; ns (start, deps met, done). Layer 1 runs 10 µs after layer 0, and its attention's
-    dependencies are met 2 µs later in the layer than layer 0's."""
+    dependencies are met 2 µs later in the layer than layer 0's. The qkv tasks have 8 and 16
+    rows and take 3 µs each."""
     ops = ["embed", "layers.0.qkv", "layers.0.qkv", "layers.0.attention",
            "layers.1.qkv", "layers.1.qkv", "layers.1.attention"]
     layer0 = [[1000, 2000, 5000], [1000, 3000, 6000], [1500, 7000, 9000]]
@@ -26,7 +28,7 @@ def test_the_path_from_known_stamps() -> None:
     layer1[2][1] += 2000
     stamps = np.array([[[0, 0, 800], *layer0, *layer1]], dtype=np.uint64)
     profile = StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64))
-    path = layer_path(profile, [0])
+    path = layer_path(profile, [0], np.array([1, 8, 16, 1, 8, 16, 1]))
     assert [r.op for r in path] == ["qkv", "attention"]
     qkv, attention = path
     # layer times from the layer's first start (+1000 ns in layer 0)
@@ -34,6 +36,9 @@ def test_the_path_from_known_stamps() -> None:
     assert (qkv.median_done, qkv.last_done, qkv.mean_task) == pytest.approx((4.5, 5.0, 3.0))
     assert (attention.first_start, attention.first_met) == pytest.approx((0.5, 7.0))
     assert (attention.last_done, attention.mean_task) == pytest.approx((8.0, 1.0))
+    # tail: last done 0.5 µs after the median; sizes: 16 rows over the median 12, of a 3 µs task
+    assert (qkv.tail, qkv.from_sizes) == pytest.approx((0.5, 1.0))
+    assert (attention.tail, attention.from_sizes) == pytest.approx((0.0, 0.0))
 
 
 def test_steps_are_folded_into_their_mean() -> None:
@@ -43,7 +48,7 @@ def test_steps_are_folded_into_their_mean() -> None:
     ops = ["layers.0.down"]
     stamps = np.array([[[1000, 2000, 4000]], [[51000, 54000, 56000]]], dtype=np.uint64)
     profile = StepProfile(stamps, ops, np.zeros(len(ops), dtype=np.int64))
-    assert layer_path(profile, [0])[0].first_met == pytest.approx(1.0)
-    (down,) = layer_path(profile, [0, 1])
+    assert layer_path(profile, [0], np.ones(1))[0].first_met == pytest.approx(1.0)
+    (down,) = layer_path(profile, [0, 1], np.ones(1))
     assert (down.first_start, down.first_met, down.last_done) == pytest.approx((0.0, 2.0, 4.0))
     assert down.mean_task == pytest.approx(2.0)

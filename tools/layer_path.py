@@ -15,6 +15,11 @@ names the op's task that was done last in the most (step, layer) pairs, and in w
 them (`tilertc bench --profile`'s `last task`): a task last in nearly all is a matter of
 placement or tiling (session 37 found the q absorption's appending task and a shared-expert SM
 with two tasks that way), one that changes from step to step the SMs' bandwidth.
+
+The last two columns split an op's tail (its last task done after its median one) into what
+its tasks' uneven sizes explain (the largest task's rows over the median's, times the median
+task) and the rest: SMs of equal work that finished at different times, which only tasks
+handed out at run time (an SM taking the next tile when it is free) could even out.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from stream_probe import STEPS, add_run_options, profile_at, random_engine
@@ -45,43 +51,58 @@ class OpOnPath:
     median_done: float
     last_done: float
     mean_task: float  # dependencies met to done
+    tail: float  # last done - median done
+    from_sizes: float  # (largest task's rows / median task's - 1) x median task
 
 
-def layer_path(profile: StepProfile, steps: Sequence[int]) -> list[OpOnPath]:
+def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> list[OpOnPath]:
     """The ops of a layer in the order they run in one, each the mean over the layers and
-    `steps`; a layer's time 0 is the first start of any of its tasks in that step."""
+    `steps`; a layer's time 0 is the first start of any of its tasks in that step. `rows`:
+    each task's output rows (its size, for the tail's split)."""
     layers: dict[int, dict[str, list[int]]] = {}
     for task, name in enumerate(profile.ops):
         m = LAYER_OP.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(task)
-    rows: dict[str, list[list[float]]] = {}
+    per_op: dict[str, list[list[float]]] = {}
     for step in steps:
         stamps = profile.since_start(step)
         for ops in layers.values():
             t0 = min(stamps[tasks, START].min() for tasks in ops.values())
             for op, tasks in ops.items():
-                s = stamps[tasks]
-                rows.setdefault(op, []).append([
+                s, size = stamps[tasks], rows[tasks]
+                task = s[:, DONE] - s[:, DEPS_MET]
+                median_done = np.median(s[:, DONE])
+                per_op.setdefault(op, []).append([
                     s[:, START].min() - t0, s[:, DEPS_MET].min() - t0,
-                    np.median(s[:, DEPS_MET]) - t0, np.median(s[:, DONE]) - t0,
-                    s[:, DONE].max() - t0, float(np.mean(s[:, DONE] - s[:, DEPS_MET]))])
-    means = {op: np.mean(np.array(r), axis=0) / 1e3 for op, r in rows.items()}
+                    np.median(s[:, DEPS_MET]) - t0, median_done - t0, s[:, DONE].max() - t0,
+                    float(np.mean(task)), s[:, DONE].max() - median_done,
+                    (size.max() / max(np.median(size), 1) - 1) * float(np.median(task))])
+    means = {op: np.mean(np.array(r), axis=0) / 1e3 for op, r in per_op.items()}
     return [OpOnPath(op, *map(float, m)) for op, m in sorted(means.items(), key=lambda i: i[1][1])]
 
 
+def task_rows(engine: Any) -> np.ndarray:
+    """Each task's output rows (row1 - row0 of its row in the task table)."""
+    fields = engine.m["task_fields"]
+    tasks = engine.tasks.cpu().numpy()
+    return tasks[:, fields.index("row1")] - tasks[:, fields.index("row0")]
+
+
 def run(artifact: Path, steps: Sequence[int], context: int) -> None:
-    profile = profile_at(random_engine(artifact), context)
+    engine = random_engine(artifact)
+    profile = profile_at(engine, context)
     which = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
     print(f"== {artifact}: {which} of {STEPS}, context {context}; µs from the layer's first "
           "task start, mean over the layers" + (" and steps" if len(steps) > 1 else ""))
     print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"
-          f" {'last done':>9s} {'task':>6s}  usually last")
+          f" {'last done':>9s} {'task':>6s} {'tail':>5s} {'sizes':>5s}  usually last")
     last = {r.op: r for r in op_table(profile).rows}
-    for r in layer_path(profile, steps):
+    for r in layer_path(profile, steps, task_rows(engine)):
         print(f"  {r.op:24s} {r.first_start:9.2f} {r.first_met:8.2f} {r.median_met:8.2f}"
-              f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f}  task"
-              f" {last[r.op].usually_last} ({last[r.op].usually_last_share:.0%})")
+              f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f} {r.tail:5.2f}"
+              f" {r.from_sizes:5.2f}  task {last[r.op].usually_last}"
+              f" ({last[r.op].usually_last_share:.0%})")
 
 
 def main(argv: list[str]) -> int:
