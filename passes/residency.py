@@ -48,9 +48,6 @@ REDUCTION_FLOATS = 1024  # cross-warp reduction scratch
 MLA_KEYS = 32  # cache rows an MLA attention task scores, then accumulates, at a time
 MLA_TILE_ROWS = 16  # heads an MLA attention task's mma tiles hold (MLA_HEADS of them used)
 MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
-# floats a chunk result's window in v_expand's staging takes past its MLA_RANK sums: 16-byte
-# copies of results that start on 8 bytes (decode/staging.cuh: MERGE_WINDOW, stage_merged_heads)
-MERGE_WINDOW_PAD = 4
 DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
 TASK_SLOT = 64  # fields a task row's slot in shared memory holds (decode/kernel.cuh: run_compute)
@@ -93,9 +90,9 @@ def dsa_staged_floats(heads: int, dim: int) -> int:
 
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
-    its rows span (v expansion, which merges them, also each chunk's factor and window offset
-    per head and the chunks' results, in windows of `MERGE_WINDOW`; FP8 rows then their bf16
-    parts); an MLA chunk see `mla_staged_floats`; a DSA chunk see `dsa_staged_floats`."""
+    its rows span (v expansion, which merges them, also each chunk's factor per head; FP8
+    rows then their bf16 parts); an MLA chunk see `mla_staged_floats`; a DSA chunk see
+    `dsa_staged_floats`."""
     g = program.graph
     need = [0]
     for t in program.tasks:
@@ -103,11 +100,9 @@ def _staged_floats(program: Program) -> int:
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
             chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
-            # the merge's factors, offsets and windows (3: the windows' alignment); FP8 rows:
-            # after the merge, each head's x also as three bf16 parts and a zero one
+            # FP8 rows: after the merge, each head's x also as three bf16 parts and a zero one
             # (decode/matvec.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
-            merge = 2 * chunks + chunks * (a["K"] + MERGE_WINDOW_PAD) + 3 if chunks else 0
-            per_head = max(a["K"] + merge, 3 * a["K"] if is_fp8_rows(program, g.op(t.op)) else 0)
+            per_head = max(a["K"] + chunks, 3 * a["K"] if is_fp8_rows(program, g.op(t.op)) else 0)
             need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
     for op in g.ops():
         a = op.attrs
@@ -303,10 +298,9 @@ def place(program: Program) -> Program:
     mla = [op.attrs for op in g.ops() if op.opcode == "mla_attention"]
     if mla:  # chunk results of MLA attention, one buffer for every layer as for GQA (their
         # merge is v_expand's staging, which the next layer's attention waits for too)
-        # (+ MERGE_WINDOW_PAD: a result's window in v_expand's staging may read past its last)
         part = max(
             a["tile"]["tasks"] * a["tile"]["heads_per_task"] * (a["kv_lora_rank"] + 2) for a in mla
-        ) + MERGE_WINDOW_PAD
+        )
         program.buffers["mla_partials"] = Buffer("mla_partials", act_off, part, "fp32", "act")
         act_off += _align(part)
     lm = [op for op in g.ops() if op.attrs.get("epilogue") == "argmax"]

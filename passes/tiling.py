@@ -6,9 +6,7 @@ min(R, #SMs) tasks of consecutive rows whose counts differ by at most one (whole
 for MLA's v expansion where it writes o_proj's ready digits: `writes_v_digits`, a knob): one
 task per SM per op is the finest split that keeps every SM's weight stream equal, and tasks
 larger than a ring page are streamed page by page anyway, so smaller tiles would only add task
-overhead. MLA's v expansion instead takes the same number of tasks in every head, as many as
-the SMs allow (`_head_bounds`: DeepSeek-V3.2 128 tasks of a head, GLM-5 two of a half), so that
-a task merges one head's chunk results, which it stages whole in shared memory.
+overhead.
 An op that starts with earlier ops it does not wait for takes only the SMs they leave, when
 that is at least half (`sms_beside`: MLA's q absorption beside the DSA indexer, 99 SMs), so
 that both run at once. A small op whose result is not wanted before a larger one's that starts
@@ -266,13 +264,10 @@ def _tile_rows(program: Program, op) -> None:
         other = program.graph.op(partner)
         theirs = other.attrs["rows"] * row_bytes(program, other)
         sms = -(-sms * rows * rb // (rows * rb + theirs))  # its tasks no larger than the partner's
+    n = min(rows // quantum, sms)
     appends = "kv_a" in op.attrs.get("io", {})  # its first task appends MLA's latent row
-    bounds = _head_bounds(op, sms, quantum) if "merges" in op.attrs else None
-    by_head = bounds is not None
-    if not by_head:
-        share = LATENT_APPEND_SHARE if appends else 1.0
-        bounds = [quantum * b for b in _bounds(rows // quantum, min(rows // quantum, sms), share)]
-    n = len(bounds) - 1
+    share = LATENT_APPEND_SHARE if appends else 1.0
+    bounds = [quantum * b for b in _bounds(rows // quantum, n, share)]
     for i in range(n):
         r0, r1 = bounds[i], bounds[i + 1]
         program.tasks.append(Task(op.name, op.opcode, i, (r0, r1),
@@ -292,24 +287,7 @@ def _tile_rows(program: Program, op) -> None:
                        if quantum > 1 else "") + (
                        f", on the SMs that {', '.join(beside)} leave" if beside else "") + (
                        f", beside {partner} (by bytes)" if partner else "") + (
-                       ", each within one head" if by_head else "") + (
                        f", on {n} SMs: the ops that start with it run beside it" if router else ""))
-
-
-def _head_bounds(op, sms: int, quantum: int) -> list[int] | None:
-    """Bounds of MLA's v expansion's tasks, each within one head: the same number of tasks a
-    head (as many as the SMs allow), so that a task merges the chunk results of one head, not
-    two (decode/staging.cuh: stage_merged_heads stages a head's results in shared memory, 33 KB on
-    DeepSeek-V3.2, 66 KB on GLM-5's 32 chunks: two heads would not fit). None where the heads
-    outnumber the SMs or a head's rows do not split into whole quanta."""
-    per = op.attrs["rows_per_head"]
-    heads = op.attrs["rows"] // per
-    split = sms // heads
-    if split < 1 or per % quantum:
-        return None
-    split = min(split, per // quantum)
-    cuts = [quantum * b for b in _bounds(per // quantum, split)]
-    return [h * per + c for h in range(heads) for c in cuts[:-1]] + [heads * per]
 
 
 def sms_beside(program: Program, op) -> tuple[int, list[str]]:

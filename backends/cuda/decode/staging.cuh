@@ -25,42 +25,35 @@ __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
 constexpr int MLA_PART = MLA_HEADS * (MLA_RANK + 2);
+static_assert(MLA_RANK % 2 == 0, "the merge reads a chunk's sums two at a time (8-byte aligned)");
 
 // v expansion's input, heads h0..h1 of o_latent, merged from the attention's chunk results
 // (F_COUNT chunks a head group, at F_AUX3; passes/fusion_mla.py says why here): chunk k's sums
 // count exp(max_k - max) / den times, den the head's softmax sum; an empty chunk (max -inf) not
-// at all. Every thread first asks for its share of the heads' chunk results as 16-byte copies
-// into shared memory (cp.async: no registers held), a window of MLA_RANK + 4 floats a result,
-// which starts 8 bytes early where a result does not start on 16 bytes (MLA_RANK + 2 floats
-// apart, they alternate); while they are under way a warp per head weighs its chunks (a lane
-// per chunk, its max and sum one load; factor and window offset after the heads' inputs in
-// s.vec); then each thread adds up a dim of a head over the chunks from shared memory. So the
-// merge waits for one round trip to L2 and the copies, not three round trips before the sums
-// and one a chunk after (4.1 µs a DeepSeek-V3.2 task with loads into registers, whose first
-// batch could not be issued before the weighing without spilling; docs/performance.md,
-// sessions 36, 41 and 46). passes/tiling.py keeps a task within one head (two heads' results
-// of GLM-5's 32 chunks would not fit) and passes/residency.py sizes s.vec for the windows. The
-// task that holds a head's first row also leaves the head in o_latent (F_IN), the attention's
-// output in the graph, which nothing downstream reads: what the tests and Engine's activations
-// see.
-constexpr int MERGE_WINDOW = MLA_RANK + 4;  // a chunk result's window, floats (residency.py: MERGE_WINDOW_PAD)
-static_assert(MLA_RANK % 4 == 0, "chunk results start on 8 bytes: a 16-byte window is 8 early or not");
+// at all. A warp per head weighs its chunks (a lane per chunk, its max and sum one load, the
+// factors after the heads' inputs in s.vec), then each thread adds up two dims of a head over
+// the chunks, MERGE_BATCH chunks' loads in flight at a time: it took three round trips to L2
+// before the sums, then one a chunk, each chunk's load waited for by its product (the staging
+// 4.3 µs a DeepSeek-V3.2 task, now 4.1; docs/performance.md, sessions 36 and 41; issuing the
+// first batch before the weighing made the DeepSeek-V3.2 kernels spill). The task that holds a
+// head's first row also leaves the head in o_latent (F_IN), the attention's output in the
+// graph, which nothing downstream reads: what the tests and Engine's activations see.
+constexpr int MERGE_BATCH = 8;
 __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int h0, int h1, int ct) {
-  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31;
+  const int chunks = t[F_COUNT], n = h1 - h0, warp = ct >> 5, lane = ct & 31, items = n * MLA_RANK / 2;
   float* factor = s.vec + n * MLA_RANK;  // [n][chunks]
-  int* offset = reinterpret_cast<int*>(factor + n * chunks);  // [n][chunks]: the result's first float
-  float* window = s.vec + (n * (MLA_RANK + 2 * chunks) + 3) / 4 * 4;  // [n][chunks][MERGE_WINDOW]
   const auto part = [&](int h, int k) {  // chunk k's result for head h
     return p.act + t[F_AUX3] + (static_cast<long long>(h / MLA_HEADS) * chunks + k) * MLA_PART +
            h % MLA_HEADS * (MLA_RANK + 2);
   };
-  const auto early = [](const float* r) { return static_cast<int>(reinterpret_cast<uintptr_t>(r) >> 2 & 2); };
-  constexpr int PIECES = MERGE_WINDOW / 4;
-  for (int c = ct; c < n * chunks * PIECES; c += NT) {
-    const int r = c / PIECES, piece = c % PIECES;
-    const float* res = part(h0 + r / chunks, r % chunks);
-    cp_async16(window + r * MERGE_WINDOW + 4 * piece, res - early(res) + 4 * piece);
-  }
+  // item j: dims 2 (j % (MLA_RANK / 2)) and the next of head j / (MLA_RANK / 2); chunks past the
+  // last are read as the last, weighed 0 (loads that exist: no guard, no spill)
+  const auto load_batch = [&](float2 (&v)[MERGE_BATCH], int j, int k0) {
+    const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
+#pragma unroll
+    for (int b = 0; b < MERGE_BATCH; ++b)
+      v[b] = __ldcg(reinterpret_cast<const float2*>(part(h0 + i, min(k0 + b, chunks - 1)) + d));
+  };
   for (int i = warp; i < n; i += COMPUTE_WARPS) {
     const auto stats = [&](int k) {  // chunk k's (max, sum) for head h0 + i
       return __ldcg(reinterpret_cast<const float2*>(part(h0 + i, k) + MLA_RANK));
@@ -73,20 +66,29 @@ __device__ void stage_merged_heads(const Params& p, Shared& s, const int* t, int
       const float2 ms = k == lane ? own : stats(k);
       const float f = ms.x == -INFINITY ? 0.f : __expf(ms.x - mx);
       factor[i * chunks + k] = f;
-      offset[i * chunks + k] = (i * chunks + k) * MERGE_WINDOW + early(part(h0 + i, k));
       den += f * ms.y;
     }
     den = warp_sum(den);
     for (int k = lane; k < chunks; k += 32) factor[i * chunks + k] /= den;
   }
-  cp_async_wait_all();
-  compute_sync();  // every thread's copies and every head's factors
-  for (int j = ct; j < n * MLA_RANK; j += NT) {
-    const int i = j / MLA_RANK, d = j % MLA_RANK;
-    float num = 0.f;
-    for (int k = 0; k < chunks; ++k) num = fmaf(factor[i * chunks + k], window[offset[i * chunks + k] + d], num);
-    s.vec[j] = num;
-    if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0]) __stcg(p.act + t[F_IN] + (h0 + i) * t[F_IN_STRIDE] + d, num);
+  compute_sync();
+  for (int j = ct; j < items; j += NT) {
+    const int i = j / (MLA_RANK / 2), d = 2 * (j % (MLA_RANK / 2));
+    float2 num = make_float2(0.f, 0.f);
+    for (int k0 = 0; k0 < chunks; k0 += MERGE_BATCH) {
+      float2 v[MERGE_BATCH];
+      load_batch(v, j, k0);
+#pragma unroll
+      for (int b = 0; b < MERGE_BATCH; ++b) {
+        const float f = k0 + b < chunks ? factor[i * chunks + k0 + b] : 0.f;
+        num.x = fmaf(f, v[b].x, num.x);
+        num.y = fmaf(f, v[b].y, num.y);
+      }
+    }
+    s.vec[i * MLA_RANK + d] = num.x;
+    s.vec[i * MLA_RANK + d + 1] = num.y;
+    if ((h0 + i) * t[F_HEAD_ROWS] >= t[F_ROW0])
+      __stcg(reinterpret_cast<float2*>(p.act + t[F_IN] + (h0 + i) * t[F_IN_STRIDE] + d), num);
   }
   compute_sync();
 }
