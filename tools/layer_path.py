@@ -53,8 +53,12 @@ class OpOnPath:
     median_done: float
     last_done: float
     mean_task: float  # dependencies met to done
-    tail: float  # last done - median done
     from_sizes: float  # (largest task's rows / median task's - 1) x median task
+
+    @property
+    def tail(self) -> float:
+        """How long after the median task the last one was done."""
+        return self.last_done - self.median_done
 
 
 def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> list[OpOnPath]:
@@ -74,11 +78,10 @@ def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> 
             for op, tasks in ops.items():
                 s, size = stamps[tasks], rows[tasks]
                 task = s[:, DONE] - s[:, DEPS_MET]
-                median_done = np.median(s[:, DONE])
                 per_op.setdefault(op, []).append([
                     s[:, START].min() - t0, s[:, DEPS_MET].min() - t0,
-                    np.median(s[:, DEPS_MET]) - t0, median_done - t0, s[:, DONE].max() - t0,
-                    float(np.mean(task)), s[:, DONE].max() - median_done,
+                    np.median(s[:, DEPS_MET]) - t0, np.median(s[:, DONE]) - t0,
+                    s[:, DONE].max() - t0, float(np.mean(task)),
                     (size.max() / max(np.median(size), 1) - 1) * float(np.median(task))])
     means = {op: np.mean(np.array(r), axis=0) / 1e3 for op, r in per_op.items()}
     return [OpOnPath(op, *map(float, m)) for op, m in sorted(means.items(), key=lambda i: i[1][1])]
