@@ -424,13 +424,18 @@ class PerLayerReport:
     command: str = ""
     created: str = ""
 
+    @property
+    def device(self) -> dict[str, Any]:
+        """The GPU the variants ran on (one run, one GPU: all of them the same)."""
+        return next(iter(self.runs.values())).device
+
     def to_dict(self) -> dict[str, Any]:
         from tilertc import __version__
 
         p = self.projection
         return {"schema_version": SCHEMA_VERSION, "tilertc_version": __version__,
                 "created": self.created, "command": self.command, "host": platform.node(),
-                "model": self.model, "device": next(iter(self.runs.values())).device,
+                "model": self.model, "device": self.device,
                 "weights": self.weights,
                 "per_layer": {"context": self.context, "gen": self.gen,
                               "vocab_size": self.vocab_size,
@@ -442,7 +447,10 @@ class PerLayerReport:
 
 def print_per_layer(report: PerLayerReport, console: Console) -> None:
     """A table of the measured layers, then the projection, labelled as one."""
-    table = Table(title=f"{report.model['name']}, one layer of each kind ({report.weights}; "
+    # the GPU in the title: a layer's share of its roofline depends on it (the latency-bound
+    # steps do not shrink with the bandwidth; docs/performance.md, session 49: H100 against H200)
+    table = Table(title=f"{report.model['name']} on {report.device['name']}, one layer of each "
+                        f"kind ({report.weights}; "
                         f"context {report.context}, {report.gen} tokens decoded; measured)",
                   title_justify="left")
     for name in ("layer", "in model", "timed", "ms/layer", "bytes/layer", "roofline ms",

@@ -338,6 +338,7 @@ def test_per_layer_command_times_each_kind_by_difference(planted_gpu, tmp_path: 
     assert set(d["runs"]) == {"dense-1", "dense-3", "moe-1", "moe-3"}
     assert "--tp 8" in d["per_layer"]["projection"]["unavailable"]  # 4 heads
     assert "no projection on 8 GPUs" in result.output and "ms/layer" in result.output
+    assert "deepseek-v3-tiny on planted, one layer of each kind" in result.output  # the GPU named
 
 
 def test_per_layer_command_projects_a_full_size_model(planted_gpu, tmp_path: Path) -> None:
