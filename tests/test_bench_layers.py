@@ -182,6 +182,11 @@ def test_layer_time_bytes_and_prediction_are_differences_over_n() -> None:
     assert t.roofline_pct == pytest.approx(100 * 1.01e9 / 0.5e-3 / 4.1e12)
     assert t.predicted_ms == pytest.approx(0.4)
     assert t.to_dict()["target_pct"] == 75.0
+    # 0.5 ms against a roofline of 0.2463 ms: 75 % would be 0.3285 ms, 171.5 µs less
+    assert t.us_to_target == pytest.approx((0.5 - 1.01e9 / 4.1e12 * 1e3 / 0.75) * 1e3)
+    assert t.to_dict()["us_to_target"] == pytest.approx(171.5, abs=0.1)
+    met = LayerTiming("dense", 3, 4, 0.3, 1.0, 1e9, 0, 4e12, 0.3)  # 83 % of 0.25 ms
+    assert met.roofline_pct > 75 and met.us_to_target == 0
     with pytest.raises(BenchError, match="no positive time per layer"):
         layer_timing("moe", 58, one, VariantRun(5, 0.99, 4_500_000_000, 0, 2.5, 4e12))
 
@@ -339,6 +344,7 @@ def test_per_layer_command_times_each_kind_by_difference(planted_gpu, tmp_path: 
     assert "--tp 8" in d["per_layer"]["projection"]["unavailable"]  # 4 heads
     assert "no projection on 8 GPUs" in result.output and "ms/layer" in result.output
     assert "deepseek-v3-tiny on planted, one layer of each kind" in result.output  # the GPU named
+    assert "µs to target" in result.output
 
 
 def test_per_layer_command_projects_a_full_size_model(planted_gpu, tmp_path: Path) -> None:
