@@ -2,8 +2,10 @@
 # Everything the GPU should confirm, in stages that each fit one call of a lent GPU machine
 # (10 minutes):
 #
-#   bash tools/gpu_check.sh [STAGE ...]      STAGE: kernel, tests, full, tp, sanitize, bench, ab
-#                                            (default: kernel, tests, sanitize, bench)
+#   bash tools/gpu_check.sh [STAGE ...]
+#
+# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab (default: kernel, tests, sanitize,
+# bench).
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
 #   kernel    the `gpu` tests of tests/test_cuda_kernel.py but the full-size and tensor-parallel
@@ -14,6 +16,10 @@
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny models
 #             (tools/sanitize_decode.py), two runs at a time;
 #   bench     a short `tilertc bench` of llama-3.2-1b with its profile;
+#   layers    issue 6's per-layer bench: one FP8 dense and one FP8 MoE layer of DeepSeek-V3.2 and
+#             of GLM-5 against their rooflines (`tilertc bench MODEL --weight-dtype fp8
+#             --per-layer --layers-timed 2 --context 1024 --gen 128`; ~2.5 minutes a model on
+#             an H100);
 #   ab        two builds of each one-layer model side by side: for every pair of artifacts
 #             .out/ab/NAME-old and .out/ab/NAME-new (built on the development machine, e.g.
 #             `python tools/one_layer.py glm-5 moe .out/ab/glm-new --weight-dtype fp8` and the
@@ -32,8 +38,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench | ab) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, ab)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | layers | ab) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab)"; exit 2 ;;
     esac
 done
 
@@ -87,6 +93,16 @@ bench() {
         --out "$out/bench-llama-3.2-1b" >"$out/bench.txt" 2>&1
     echo "bench (rc $?):"
     grep -E '│ (tilertc|hf-|kernel-per-op|measured)' "$out/bench.txt" | tr -s ' '
+}
+
+layers() {
+    local model
+    for model in deepseek-v3.2 glm-5; do
+        timeout 240 tilertc bench "$model" --weight-dtype fp8 --per-layer --layers-timed 2 \
+            --context 1024 --gen 128 --out "$out/per-layer-$model" >"$out/per-layer-$model.txt" 2>&1
+        echo "layers $model (rc $?):"
+        grep -E '│ (dense|moe) ' "$out/per-layer-$model.txt" | head -2 | tr -s ' '
+    done
 }
 
 ab() {
