@@ -18,7 +18,8 @@ from tilertc.driver import compile
 
 TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
-from phase_probe import BEFORE, build, marked_source, phases  # noqa: E402
+from kernel_variant import STATIC_ROOM_LIMIT  # noqa: E402
+from phase_probe import BEFORE, RESET, build, marked_source, phases  # noqa: E402
 
 ATTENTION_MARKS = ["  const KvChunk ch = kv_chunk(t, pos);",
                    "  if (!last_to_arrive(p, s, t, g, step, chunks, ct)) return false;"]
@@ -41,11 +42,12 @@ def test_the_variant_builds_from_a_fresh_kernel(tmp_path: Path) -> None:
 def test_the_marking_warp_is_the_one_asked_for(tmp_path: Path) -> None:
     """--warp 3: lane 0 of compute warp 3 (thread 96) stamps; a warp the kernel lacks is
     refused before anything is built."""
-    source = marked_source("x();\n" + BEFORE, ["x();"], warp=3)
+    source = marked_source("x();\n" + BEFORE + RESET, ["x();"], warp=3)
     assert "threadIdx.x != 96) return;" in source and "threadIdx.x != 0)" not in source
+    assert RESET + "  if (threadIdx.x == 96) phase_count = 0;\n" in source
     art = tmp_path / "art"
     art.mkdir()
-    (art / "kernel.cu").write_text("x();\n" + BEFORE)
+    (art / "kernel.cu").write_text("x();\n" + BEFORE + RESET)
     (art / "manifest.json").write_text('{"kernel": {"constants": {"COMPUTE_WARPS": 4}}}')
     with pytest.raises(SystemExit, match="--warp 4: the kernel has compute warps 0-3"):
         build(art, tmp_path / "out", ["x();"], warp=4)
@@ -54,9 +56,26 @@ def test_the_marking_warp_is_the_one_asked_for(tmp_path: Path) -> None:
 
 def test_a_mark_not_once_in_the_kernel_is_refused() -> None:
     with pytest.raises(SystemExit, match="in the kernel 2 times"):
-        marked_source("a();\nb();\na();\n", ["a();"])
+        marked_source("a();\nb();\na();\n" + RESET, ["a();"])
     with pytest.raises(SystemExit, match="in the kernel 0 times"):
-        marked_source("a();\n", ["c();"])
+        marked_source("a();\n" + RESET, ["c();"])
+
+
+def test_the_count_of_marks_is_zeroed_once_or_refused(tmp_path: Path) -> None:
+    """The marks' count lives in shared memory, zeroed by the marking thread where run_compute
+    starts: a kernel without that line (or with two) is refused, and so is an artifact whose
+    shared memory leaves no room for the count."""
+    with pytest.raises(SystemExit, match="nowhere to zero the marks' count"):
+        marked_source("a();\n" + BEFORE, ["a();"])
+    with pytest.raises(SystemExit, match="2 lines"):
+        marked_source("a();\n" + BEFORE + RESET + RESET, ["a();"])
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "kernel.cu").write_text("a();\n" + BEFORE + RESET)
+    (art / "manifest.json").write_text('{"kernel": {"constants": {"COMPUTE_WARPS": 4}, '
+                                       f'"smem_bytes": {STATIC_ROOM_LIMIT + 1}}}}}')
+    with pytest.raises(SystemExit, match="leave no room for the marks' count"):
+        build(art, tmp_path / "out", ["a();"])
 
 
 def test_the_phases_from_known_stamps() -> None:

@@ -41,7 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from kernel_variant import make_variant, summary
+from kernel_variant import check_static_room, make_variant, summary
 from stream_probe import STEPS, add_run_options, random_engine, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
@@ -52,11 +52,13 @@ MARKS_FILE = "phase_marks.json"
 
 def mark_function(warp: int) -> str:
     """`phase_mark(p, id)`: lane 0 of compute warp `warp` writes (id, globaltimer) in CTA
-    blockIdx.x's next slot past the steps."""
-    return f"""__device__ unsigned phase_count[1024];  // per CTA: marks written
+    blockIdx.x's next slot past the steps. Its count of marks is in shared memory, set to 0 at
+    the launch's start (RESET): a count in global memory was loaded again at each mark, an L2
+    round trip that held the marking warp, and so every barrier it reaches, in every mark."""
+    return f"""__shared__ unsigned phase_count;  // this CTA's marks written
 __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   if (!p.profile || threadIdx.x != {32 * warp}) return;
-  const unsigned n = phase_count[blockIdx.x]++;
+  const unsigned n = phase_count++;
   if (n >= {MARKS}) return;
   unsigned long long* at = {spare_words(str(2 * MARKS), "2 * n")};
   at[0] = id;
@@ -66,6 +68,7 @@ __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
 
 
 BEFORE = "__device__ __forceinline__ bool quit_seen("  # after now_ns and Params
+RESET = "  uint32_t consumed = 0;\n"  # run_compute's start: the marking thread zeroes its count
 
 
 def marked_source(source: str, marks: list[str], warp: int = 0) -> str:
@@ -78,6 +81,10 @@ def marked_source(source: str, marks: list[str], warp: int = 0) -> str:
                              "not once")
         line = source.rfind("\n", 0, source.index(text)) + 1
         source = f"{source[:line]}  phase_mark(p, {i});\n{source[line:]}"
+    if source.count(RESET) != 1:
+        raise SystemExit(f"the kernel has {source.count(RESET)} lines {RESET.strip()!r}, not one: "
+                         "nowhere to zero the marks' count")
+    source = source.replace(RESET, RESET + f"  if (threadIdx.x == {32 * warp}) phase_count = 0;\n")
     return source.replace(BEFORE, mark_function(warp) + BEFORE, 1)
 
 
@@ -89,6 +96,7 @@ def build(artifact: Path, out: Path, marks: list[str], warp: int = 0) -> dict:
         "COMPUTE_WARPS"]
     if not 0 <= warp < warps:
         raise SystemExit(f"--warp {warp}: the kernel has compute warps 0-{warps - 1}")
+    check_static_room(artifact, "the marks' count")
     report = make_variant(artifact, out, [], [[source, marked_source(source, marks, warp)]])
     (out / MARKS_FILE).write_text(json.dumps(marks, indent=1))
     return report

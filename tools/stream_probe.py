@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from kernel_variant import make_variant, summary
+from kernel_variant import check_static_room, make_variant, summary
 
 # a task's stamps; in a probe variant a matrix-vector task's START is where its staging ended
 from tilertc.profile import DEPS_MET, DONE, START
@@ -47,7 +47,7 @@ def page_stamps(index: str) -> str:
 
 
 # the end of a task's staging, stamped in place of its start
-STAGED = "    if (ct == 0 && probe_stamp[blockIdx.x]) probe_stamp[blockIdx.x][0] = now_ns();\n"
+STAGED = "    if (ct == 0 && probe_stamp) probe_stamp[0] = now_ns();\n"
 # (old, new) edits of the device library's text in kernel.cu; PROBE_PAGES is the variant's #define
 LOADER_ISSUE = "        uint8_t* page = start_page(p, s, issued, bytes, full);\n" \
                "        if (!page) goto drain;\n"
@@ -66,11 +66,13 @@ EDITS = [
      "      release_page(s, slot);\n    }\n    if (probe) probe[3] = now_ns();\n  }\n"
      "  consumed = page_index;\n"),
     ("__device__ __forceinline__ void release_page(",
-     "__device__ unsigned long long* probe_stamp[1024];  // per CTA: its task's stamps, or null\n"
+     # in shared memory: read from global memory after thread 0's own store, it cost thread 0
+     # an L2 round trip before the stamp of each staging's end
+     "__shared__ unsigned long long* probe_stamp;  // this task's stamps, or null\n"
      "__device__ __forceinline__ void release_page("),
     ("      if (stamp) stamp[1] = now_ns();\n",
      "      if (stamp) stamp[1] = now_ns();\n"
-     "      if (ct == 0) probe_stamp[blockIdx.x] = stamp;\n"),
+     "      if (ct == 0) probe_stamp = stamp;\n"),
     ("    stage_vector(p, s, t, ct);\n    matvec_pages(",
      "    stage_vector(p, s, t, ct);\n" + STAGED + "    matvec_pages("),
     # an FP8 tile task: its input staged (digits converted or copied in)
@@ -81,6 +83,7 @@ EDITS = [
 
 def build(artifact: Path, out: Path, pages: int) -> dict:
     """The instrumented variant of `artifact` in `out`; ptxas's resource report."""
+    check_static_room(artifact, "the staging stamps' pointer")
     return make_variant(artifact, out, [f"PROBE_PAGES={pages}"], [list(e) for e in EDITS])
 
 
