@@ -1,7 +1,7 @@
 """Where one op's task time goes, phase by phase, on the GPU:
 
     python tools/phase_probe.py build ARTIFACT OUT --mark TEXT [--mark TEXT ...] [--warp W]
-    python tools/phase_probe.py run OUT --op OP [--step S] [--context N]          # on a GPU
+    python tools/phase_probe.py run OUT --op OP [--op OP ...] [--step S] [--context N]  # on a GPU
 
 `build` (here: nvcc) makes a variant of ARTIFACT (tools/kernel_variant.py) in which lane 0 of
 compute warp W (0 unless --warp), on reaching the line of kernel.cu that holds each --mark's
@@ -130,18 +130,20 @@ def phases(stamps: np.ndarray, log: np.ndarray, ops: list[str], ctas: np.ndarray
             {k: v / max(tasks, 1) for k, v in times.items()})
 
 
-def run(artifact: Path, op: str, step: int, context: int) -> None:
+def run(artifact: Path, ops_asked: list[str], step: int, context: int) -> None:
+    """One stamped decode of `artifact`; each asked op's phases from it."""
     from tilertc.profile import fold_layer
 
     labels = [m.strip() for m in json.loads((artifact / MARKS_FILE).read_text())]
     profile, words = stamped_profile(random_engine(artifact), MARKS * 2, context)
     log = words.reshape(words.shape[0], MARKS, 2)
     ops = [fold_layer(o) for o in profile.ops]
-    tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)
-    print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}, context {context};"
-          " µs a task")
-    for key, us in mean_us.items():
-        print(f"  {us:8.2f}  x{count[key]:<5.2f} {key}")
+    for op in ops_asked:
+        tasks, mean_us, count = phases(profile.stamps[step], log, ops, profile.ctas, op, labels)
+        print(f"== {artifact}: {op}, {tasks} tasks of step {step} of {STEPS}, context {context};"
+              " µs a task")
+        for key, us in mean_us.items():
+            print(f"  {us:8.2f}  x{count[key]:<5.2f} {key}")
 
 
 def main(argv: list[str]) -> int:
@@ -156,7 +158,8 @@ def main(argv: list[str]) -> int:
                    help="the compute warp whose lane 0 stamps [default: 0]")
     r = sub.add_parser("run", help="decode with the marks on and print OP's phases (needs a GPU)")
     r.add_argument("artifact", type=Path)
-    r.add_argument("--op", required=True, help="an op, layers folded (e.g. attention)")
+    r.add_argument("--op", action="append", required=True,
+                   help="an op, layers folded (e.g. attention); repeatable, one decode for all")
     add_run_options(r)
     args = parser.parse_args(argv)
     if args.command == "build":
