@@ -141,11 +141,15 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
 
 def random_engine(artifact: Path) -> Any:
     """ARTIFACT loaded on the GPU with random weights (seed 0, as `tilertc bench` draws them)."""
+    import torch
+
     from tilertc.artifact import model_spec, read_manifest
     from tilertc.engine import Engine
     from tilertc.ir.build import build_graph
     from tilertc.ir.weights import random_weights
 
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{artifact}: running a probe needs a CUDA GPU, and torch sees none here")
     m = read_manifest(artifact)
     weights = random_weights(build_graph(model_spec(m), m["max_seq_len"]), seed=0, device="cuda")
     return Engine.load(artifact, weights=weights, device="cuda")
