@@ -18,7 +18,7 @@ from tilertc.driver import compile
 
 TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
-from kernel_variant import STATIC_ROOM_LIMIT  # noqa: E402
+from kernel_variant import STATIC_ROOM  # noqa: E402
 from phase_probe import BEFORE, RESET, build, marked_source, phases  # noqa: E402
 
 ATTENTION_MARKS = ["  const KvChunk ch = kv_chunk(t, pos);",
@@ -73,7 +73,8 @@ def test_the_count_of_marks_is_zeroed_once_or_refused(tmp_path: Path) -> None:
     art.mkdir()
     (art / "kernel.cu").write_text("a();\n" + BEFORE + RESET)
     (art / "manifest.json").write_text('{"kernel": {"constants": {"COMPUTE_WARPS": 4}, '
-                                       f'"smem_bytes": {STATIC_ROOM_LIMIT + 1}}}}}')
+                                       f'"smem_bytes": {227 * 1024 - STATIC_ROOM + 1}}}, '
+                                       '"target": {"name": "h200"}}')
     with pytest.raises(SystemExit, match="leave no room for the marks' count"):
         build(art, tmp_path / "out", ["a();"])
 

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from tilertc.backends.cuda.codegen import compile_cubin
+from tilertc.ir.target import get_target
 
 
 def make_variant(src: Path, dst: Path, defines: list[str], replaces: list[list[str]]) -> dict:
@@ -45,18 +46,20 @@ def make_variant(src: Path, dst: Path, defines: list[str], replaces: list[list[s
     return report
 
 
-# A probe's static shared words sit beside the kernel's dynamic shared memory, within the 227
-# KB a CTA may opt into (less the 1 KB the kernel's cubin already declares, and 16 B for them).
-STATIC_ROOM_LIMIT = 227 * 1024 - 1024 - 16
+# A probe's static shared words sit beside the kernel's dynamic shared memory, within what a CTA
+# of the target may opt into, less the 1 KB the kernel's cubin already declares and 16 B for them.
+STATIC_ROOM = 1024 + 16
 
 
 def check_static_room(artifact: Path, what: str) -> None:
     """Refuses an artifact whose dynamic shared memory leaves no room for `what`, a probe's
     static shared words."""
-    smem = json.loads((artifact / "manifest.json").read_text())["kernel"].get("smem_bytes", 0)
-    if smem > STATIC_ROOM_LIMIT:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    smem = manifest["kernel"].get("smem_bytes", 0)
+    limit = get_target(manifest["target"]["name"]).smem_per_block - STATIC_ROOM
+    if smem > limit:
         raise SystemExit(f"{artifact}: {smem} B of shared memory leave no room for {what} (at most "
-                         f"{STATIC_ROOM_LIMIT}); compile it with a smaller --tune page_kb")
+                         f"{limit}); compile it with a smaller --tune page_kb")
 
 
 def summary(out: Path, report: dict) -> str:

@@ -7,8 +7,8 @@
 compute warp W (0 unless --warp), on reaching the line of kernel.cu that holds each --mark's
 TEXT (unique in the file; the line must begin a statement where the launch's `Params& p` is in
 scope), writes the mark's number and the globaltimer into the profile buffer past the profiled
-steps, the first MARKS of each CTA's launch (counted from run_compute's start, so a mark
-goes in code the compute warps run after it: a task's). `run` loads the variant with random weights,
+steps, the first MARKS of each CTA's launch (counted from run_compute's start, so a mark goes
+in code the compute warps run after it: a task's). `run` loads the variant with random weights,
 decodes a few steps with the stamps on and prints, for the tasks of OP (layers folded, e.g.
 `attention`) in one step, the mean time per task from its dependencies met to its first mark,
 between consecutive marks (a mark in a loop counts each time round), and from its last mark to
