@@ -68,7 +68,8 @@ struct Buffers {
 };
 
 // The loader warp's lane 0: copies into n_slots shared-memory slots until compute is done.
-__device__ void stream_weights(const Buffers& b, int n_slots, char* slots, unsigned long long* bars, volatile int* done) {
+__device__ void stream_weights(const Buffers& b, int n_slots, char* slots, unsigned long long* bars,
+                               volatile int* done) {
   long long offset = static_cast<long long>(blockIdx.x) * SLOT_BYTES, copies = 0;
   for (int k = 0; !*done; ++k) {
     const int slot = k % n_slots;
@@ -110,8 +111,10 @@ __global__ void __launch_bounds__(THREADS + 32) hops(Buffers b, int n_hops, int 
   __shared__ unsigned wrong_warps[THREADS / 32];
   if (threadIdx.x == 0) {
     done = 0;
-    for (int k = 0; k < MAX_SLOTS; ++k)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(static_cast<unsigned>(__cvta_generic_to_shared(bars + k))));
+    for (int k = 0; k < MAX_SLOTS; ++k) {
+      const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bars + k));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar));
+    }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
