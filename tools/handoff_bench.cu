@@ -67,6 +67,15 @@ struct Buffers {
   unsigned long long* streamed;
 };
 
+// Spins until the phase of shared-memory mbarrier `bar` with parity `parity` has completed.
+__device__ __forceinline__ void wait_parity(unsigned bar, unsigned parity) {
+  unsigned ready = 0;
+  while (!ready)
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 " selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(ready) : "r"(bar), "r"(parity) : "memory");
+}
+
 // The loader warp's lane 0: copies into n_slots shared-memory slots until compute is done.
 __device__ void stream_weights(const Buffers& b, int n_slots, char* slots, unsigned long long* bars,
                                volatile int* done) {
@@ -74,14 +83,7 @@ __device__ void stream_weights(const Buffers& b, int n_slots, char* slots, unsig
   for (int k = 0; !*done; ++k) {
     const int slot = k % n_slots;
     const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bars + slot));
-    if (k >= n_slots) {  // the slot's previous copy has landed
-      const unsigned parity = ((k / n_slots) - 1) & 1;
-      unsigned ready = 0;
-      while (!ready)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                     " selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ready) : "r"(bar), "r"(parity) : "memory");
-    }
+    if (k >= n_slots) wait_parity(bar, ((k / n_slots) - 1) & 1);  // the slot's previous copy has landed
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(SLOT_BYTES) : "memory");
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
                      static_cast<unsigned>(__cvta_generic_to_shared(slots + slot * SLOT_BYTES))),
@@ -93,12 +95,7 @@ __device__ void stream_weights(const Buffers& b, int n_slots, char* slots, unsig
   for (int k = 0; k < n_slots; ++k) {  // let the last copies land before the CTA exits
     const unsigned bar = static_cast<unsigned>(__cvta_generic_to_shared(bars + k));
     const long long uses = (copies - k + n_slots - 1) / n_slots;
-    if (uses <= 0) continue;
-    unsigned ready = 0;
-    while (!ready)
-      asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                   " selp.u32 %0, 1, 0, p;\n}\n"
-                   : "=r"(ready) : "r"(bar), "r"(static_cast<unsigned>((uses - 1) & 1)) : "memory");
+    if (uses > 0) wait_parity(bar, static_cast<unsigned>((uses - 1) & 1));
   }
   atomicAdd(b.streamed, static_cast<unsigned long long>(copies) * SLOT_BYTES);
 }
