@@ -4,6 +4,7 @@ come out of stamps made up with known times."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ from test_fp8_kernel import needs_nvcc
 import tilertc
 from tilertc.artifact import check_artifact
 from tilertc.driver import compile
+from tilertc.ir.target import get_target
 
 TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
@@ -72,9 +74,10 @@ def test_the_count_of_marks_is_zeroed_once_or_refused(tmp_path: Path) -> None:
     art = tmp_path / "art"
     art.mkdir()
     (art / "kernel.cu").write_text("a();\n" + BEFORE + RESET)
-    (art / "manifest.json").write_text('{"kernel": {"constants": {"COMPUTE_WARPS": 4}, '
-                                       f'"smem_bytes": {227 * 1024 - STATIC_ROOM + 1}}}, '
-                                       '"target": {"name": "h200"}}')
+    too_much = get_target("h200").smem_per_block - STATIC_ROOM + 1
+    (art / "manifest.json").write_text(json.dumps({
+        "kernel": {"constants": {"COMPUTE_WARPS": 4}, "smem_bytes": too_much},
+        "target": {"name": "h200"}}))
     with pytest.raises(SystemExit, match="leave no room for the marks' count"):
         build(art, tmp_path / "out", ["a();"])
 
