@@ -355,12 +355,16 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
 #endif
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   const MlaStage stage{s.vec};
+  // the first block's row id is loaded before the rope factors are stored: the store to shared
+  // memory, which may alias p.act as far as the compiler knows, would otherwise hold the row
+  // id's load (with DSA a round trip to L2) until the factor's load had returned
+  const long long row = mla_block_row(p, t, k0, k1, ct);
   for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
   for (int h = ct; h < MLA_HEADS; h += NT) {
     stage.st()[h] = -INFINITY;
     stage.st()[MLA_HEADS + h] = 0.f;
   }
-  mla_load_block(p, t, stage.rows(), mla_block_row(p, t, k0, k1, ct), ct);  // in flight while queries stage
+  mla_load_block(p, t, stage.rows(), row, ct);  // in flight while queries stage
   compute_sync();
   mla_stage_queries(p, t, stage, g, ct);
   float acc[MLA_OT][4] = {};
