@@ -247,13 +247,18 @@ def place(program: Program) -> Program:
             f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
             f"the {act_smem} B input vector"
         )
-    least = max(max_row, mla_block_bytes(program))  # a page holds a row, and an MLA key block
+    block = mla_block_bytes(program)
+    least = max(max_row, block)  # a page holds a row, and an MLA key block
     if half < least:
         raise ScheduleError(
             f"an MLA attention block of {least} B does not fit a ring page: "
             f"{tgt.smem_per_block} B of shared memory of {tgt.name} leave {half} B a page"
         )
-    page = max(least, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
+    asked = program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024
+    if block > max(asked, max_row):
+        program.decide("residency", f"pages of at least {block} B: an MLA attention task keeps "
+                       f"every other block of {MLA_KEYS} cache rows in one")
+    page = max(least, asked)
     if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units, any size
         unit = tile_unit_bytes(8 * 1024)  # the largest: 8 segments of 256-column units
         page = max(unit, round(page / unit) * unit)
