@@ -257,10 +257,10 @@ __device__ __forceinline__ void mla_softmax(const MlaStage& m, int nb, int warp,
   }
 }
 
-// O = O corr + P V of the block staged in `rows`: warp w owns the 8-column output tiles w, w + COMPUTE_WARPS,
-// ... of every head (o[i]: rows g and g + 8, columns 2q, 2q + 1 of its tile i); A = P hi, then P lo,
-// over the block's two k-steps of 16 keys; B (k = key, n = latent dim) pairs the 16-bit values of
-// two consecutive keys' rows in a column.
+// O = O corr + P V of the block staged in `rows`: warp w owns the 8-column output tiles w,
+// w + COMPUTE_WARPS, ... of every head (o[i]: rows g and g + 8, columns 2q, 2q + 1 of its tile i);
+// A = P hi, then P lo, over the block's two k-steps of 16 keys; B (k = key, n = latent dim) pairs
+// the 16-bit values of two consecutive keys' rows in a column.
 __device__ __forceinline__ void mla_values(const MlaStage& m, const __nv_bfloat16* rows, float (&o)[MLA_OT][4],
                                            int warp, int lane) {
   const int g = lane >> 2, q = lane & 3;
