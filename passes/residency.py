@@ -72,11 +72,16 @@ def _mla_row(rank: int, rope: int) -> int:
     return -(-(rank + rope) // 64) * 64 + 8
 
 
+def _mla_block(rank: int, rope: int) -> int:
+    """Bytes of a block of `MLA_KEYS` staged MLA cache rows (bf16)."""
+    return MLA_KEYS * _mla_row(rank, rope) * 2
+
+
 def mla_block_bytes(program: Program) -> int:
-    """Bytes of a block of `MLA_KEYS` staged cache rows of the program's MLA attention (0
-    without one): its tasks keep every other block in a ring page (decode/mla.cuh: mla_chunk),
-    so that the next block's copies land while one is computed."""
-    return max((MLA_KEYS * _mla_row(op.attrs["kv_lora_rank"], op.attrs["qk_rope_head_dim"]) * 2
+    """Bytes of a block of the program's MLA attention (0 without one): its tasks keep every
+    other block in a ring page (decode/mla.cuh: mla_chunk), so that the next block's copies land
+    while one is computed."""
+    return max((_mla_block(op.attrs["kv_lora_rank"], op.attrs["qk_rope_head_dim"])
                 for op in program.graph.ops() if op.opcode == "mla_attention"), default=0)
 
 
@@ -88,7 +93,7 @@ def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
     each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows of MLA_KEYS + 8),
     each head's softmax state and the position's RoPE cos | sin."""
     row = _mla_row(rank, rope)
-    tile = MLA_TILE_ROWS * row + MLA_KEYS * row // 2 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
+    tile = MLA_TILE_ROWS * row + _mla_block(rank, rope) // 4 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
     return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + 3 * heads + rope
 
 
