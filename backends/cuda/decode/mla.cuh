@@ -383,6 +383,9 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
   ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);  // the loader is past the slot
   float acc[MLA_OT][4] = {};
   mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(s.ring + slot * PAGE_BYTES), k0, k1, second, acc, ct);
+  // this thread's copies into the page (generic proxy) come before the loader's next bulk copies
+  // into the slot (async proxy), which the release below lets it issue
+  fence_proxy_async_shared();
   mla_write_part(p.act + t[F_AUX3] + (static_cast<long long>(g) * chunks + c) * MLA_PART, stage, acc, ct);
   // released past write_part's barriers, after every warp's last read of the page (the page's
   // group alone arrives: the slot's `empty` barrier counts one group's threads)
