@@ -253,12 +253,12 @@ def place(program: Program) -> Program:
             f"the {act_smem} B input vector"
         )
     block = mla_block_bytes(program)
-    least = max(max_row, block)  # a page holds a row, and an MLA key block
-    if half < least:
+    if half < block:
         raise ScheduleError(
-            f"an MLA attention block of {least} B does not fit a ring page: "
+            f"an MLA attention block of {block} B does not fit a ring page: "
             f"{tgt.smem_per_block} B of shared memory of {tgt.name} leave {half} B a page"
         )
+    least = max(max_row, block)  # a page holds a row, and an MLA key block
     asked = program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024
     if block > max(asked, max_row):
         program.decide("residency", f"pages of at least {block} B: an MLA attention task keeps "
