@@ -4,9 +4,10 @@ Decides:
 - weights stream from HBM through a ring of shared-memory pages (bulk async copies); the
   ring gets all shared memory not needed for the activation vector a task reads, as pages of
   `page_bytes` (at least `PAGE_KB`, grown to hold a dense row op's largest task whole where
-  that keeps the ring's depth: `_page_holding_row_tasks`), and its depth is checked against
-  Little's law (bytes in flight per SM must cover the SM's share of bandwidth times the HBM
-  latency);
+  that keeps the ring's depth: `_page_holding_row_tasks`; and at least a block of an MLA
+  attention task's cache rows, which it keeps in a blank page of the ring every other block),
+  and its depth is checked against Little's law (bytes in flight per SM must cover the SM's
+  share of bandwidth times the HBM latency);
 - activations (a few KB per layer), norm weights and the RoPE table are L2-resident global
   fp32 buffers in one arena, each activation with its own buffer so that no task of a step
   overwrites what another may still read;
@@ -65,6 +66,25 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _mla_row(rank: int, rope: int) -> int:
+    """bf16 values a staged MLA cache row (or query) takes: padded to a multiple of 64 values
+    plus 8, so that fragment loads hit distinct banks."""
+    return -(-(rank + rope) // 64) * 64 + 8
+
+
+def _mla_block(rank: int, rope: int) -> int:
+    """Bytes of a block of `MLA_KEYS` staged MLA cache rows (bf16)."""
+    return MLA_KEYS * _mla_row(rank, rope) * 2
+
+
+def mla_block_bytes(program: Program) -> int:
+    """Bytes of a block of the program's MLA attention (0 without one): its tasks keep every
+    other block in a ring page (decode/mla.cuh: mla_chunk), so that the next block's copies land
+    while one is computed."""
+    return max((_mla_block(op.attrs["kv_lora_rank"], op.attrs["qk_rope_head_dim"])
+                for op in program.graph.ops() if op.opcode == "mla_attention"), default=0)
+
+
 def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
     """Shared memory (fp32 words) of an MLA attention chunk task (decode/mla.cuh: MlaStage, whose
     static_assert checks it against MAX_K): the queries of a 16-row mma tile as bf16 hi and
@@ -72,8 +92,8 @@ def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
     values plus 8, so that fragment loads hit distinct banks), the block's scores summed over
     each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows of MLA_KEYS + 8),
     each head's softmax state and the position's RoPE cos | sin."""
-    row = -(-(rank + rope) // 64) * 64 + 8
-    tile = MLA_TILE_ROWS * row + MLA_KEYS * row // 2 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
+    row = _mla_row(rank, rope)
+    tile = MLA_TILE_ROWS * row + _mla_block(rank, rope) // 4 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
     return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + 3 * heads + rope
 
 
@@ -232,11 +252,22 @@ def place(program: Program) -> Program:
             f"the {tgt.smem_per_block} B of shared memory of {tgt.name} next to "
             f"the {act_smem} B input vector"
         )
-    page = max(max_row, program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024)
+    block = mla_block_bytes(program)
+    if half < block:
+        raise ScheduleError(
+            f"an MLA attention block of {block} B does not fit a ring page: "
+            f"{tgt.smem_per_block} B of shared memory of {tgt.name} leave {half} B a page"
+        )
+    least = max(max_row, block)  # a page holds a row, and an MLA key block
+    asked = program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024
+    if block > max(asked, max_row):
+        program.decide("residency", f"pages of at least {block} B: an MLA attention task keeps "
+                       f"every other block of {MLA_KEYS} cache rows in one")
+    page = max(least, asked)
     if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units, any size
         unit = tile_unit_bytes(8 * 1024)  # the largest: 8 segments of 256-column units
         page = max(unit, round(page / unit) * unit)
-    page = max(max_row, min(-(-page // 1024) * 1024, half // 1024 * 1024))
+    page = max(least, min(-(-page // 1024) * 1024, half // 1024 * 1024))
     if "page_kb" not in program.config.get("tuning", {}):
         page = _page_holding_row_tasks(program, mv_ops, page, ring)
     pages = ring_depth(ring, page)  # at least 2 fit (`half` above)

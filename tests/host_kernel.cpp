@@ -276,6 +276,7 @@ static inline bool acquire(const P& p, int counter, unsigned target, int, volati
 }
 static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
 static inline void mbar_expect_tx(uint64_t*, uint32_t) {}
+static inline void fence_proxy_async_shared() {}
 #if HOST_STEP  // the ring is always free: the `step` command runs one task at a time
 template <class P, class S>
 static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ring + issued % RING_PAGES * PAGE_BYTES; }
@@ -345,7 +346,6 @@ template <int N> struct Wgmma {  // m64nNk32, e4m3 in, f32 out
 static inline void wgmma_fence() {}
 static inline void wgmma_commit() {}
 static inline void wgmma_wait_all() {}
-static inline void fence_proxy_async_shared() {}
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {  // byte i: byte s[4i..4i+2] of b:a, s[4i+3]: its sign
   const uint64_t v = static_cast<uint64_t>(b) << 32 | a;
   uint32_t r = 0;
@@ -633,7 +633,7 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
 #endif
         break;
 #if MLA
-      case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, ct); break;
+      case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, mine, ct); break;
 #else
       case OP_ATTENTION: run_attention(p, s, t, 0, pos, mine, ct); break;
 #endif

@@ -39,7 +39,7 @@ from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.residency import MLA_KEYS
+from tilertc.passes.residency import MLA_KEYS, mla_block_bytes
 from tilertc.passes.task_semantics import from_fixed
 
 # deepseek-v3-tiny with a dense FFN in every layer: DeepSeek's MoE routing is not in the kernel
@@ -271,6 +271,22 @@ STEPS = [
     ("fp8", {**WIDE, "kv_lora_rank": 320}, small("h200-7", 7), 200,
      {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}),
 ]
+
+
+def test_a_ring_page_holds_an_mla_key_block() -> None:
+    """MLA attention keeps every other block of MLA_KEYS cache rows in a blank ring page
+    (decode/mla.cuh: mla_chunk), so residency grows pages asked smaller than a block: a latent
+    rank of 320 and a rope part of 16 stage rows of 392 bf16 (384 + 8), 25088 B a block, past
+    4 and 16 KB pages; 64 KB pages hold it as they are; a model without MLA keeps 4 KB pages."""
+    spec = mla_tiny(**{**WIDE, "kv_lora_rank": 320})
+    pages = {kb: make_program(spec, "h200", 1, SEQ, {"page_kb": kb}) for kb in (4, 16, 64)}
+    assert {kb: mla_block_bytes(p) for kb, p in pages.items()} == dict.fromkeys(pages, 25088)
+    assert {kb: p.config["page_bytes"] for kb, p in pages.items()} == {4: 25600, 16: 25600,
+                                                                        64: 65536}
+    assert any("pages of at least 25088 B" in str(d) for d in pages[4].decisions)
+    assert not any("pages of at least" in str(d) for d in pages[64].decisions)
+    assert make_program(tilertc.load_spec("llama-tiny"), "h200", 1, SEQ,
+                        {"page_kb": 4}).config["page_bytes"] == 4096
 
 
 def coverage(program: Program, pos: int) -> dict[str, object]:

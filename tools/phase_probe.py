@@ -20,8 +20,8 @@ MLA attention, for instance:
 
     python tools/phase_probe.py build ART OUT \\
         --mark '  mla_stage_queries(p, t, stage, g, ct);' --mark '  float acc[MLA_OT][4] = {};' \\
-        --mark '    mla_scores(m, warp, lane);' --mark '    mla_softmax(m, static_cast' \\
-        --mark '    mla_values(m, o, warp, lane);' --mark '  mla_write_part(p.act'
+        --mark '    mla_scores(m, rows, warp, lane);' --mark '    mla_softmax(m, static_cast' \\
+        --mark '    mla_values(m, rows, o, warp, lane);' --mark '  mla_write_part(p.act'
 
 A matrix-vector task's staging and pages (an FP8 tile task; `--op o_proj` etc.; the staging
 round's mark counts once per round; docs/performance.md, session 24):

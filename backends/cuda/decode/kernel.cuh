@@ -71,7 +71,7 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
           run_matvec(p, s, t, consumed, opaque(ct));
           if (t[F_APPEND]) mla_append_latent(p, s, t, pos, opaque(ct));
           break;
-        case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, opaque(ct)); break;
+        case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, consumed, opaque(ct)); break;
 #endif
 #if DSA
         case OP_DSA_SCORE: run_dsa_score(p, s, t, pos, opaque(ct)); break;

@@ -210,6 +210,13 @@ __device__ void run_loader(const Params& p, Shared& s) {
         continue;
       }
 #endif
+#if MLA
+      if (t[F_OPCODE] == OP_MLA_ATTENTION) {  // a blank page: its slot holds the task's key blocks
+        uint64_t* full;                        // in turn with s.vec (mla_chunk)
+        if (!start_page(p, s, issued, 0, full)) goto drain;
+        continue;
+      }
+#endif
       if (!has_weights(t)) continue;
       const int rows = stream_rows(t), rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
       const uint8_t* src = task_weights(p, t);

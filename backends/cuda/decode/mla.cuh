@@ -23,6 +23,7 @@ static_assert(MLA_RANK % 8 == 0, "the heads' outputs are whole 8-column mma tile
 static_assert(MLA_HEADS <= MLA_M, "a task's heads are the rows of one mma tile");
 static_assert(MLA_KEYS == 32, "the softmax takes a block's keys a lane each");
 static_assert(MLA_STAGED <= MAX_K, "MLA attention's staging exceeds s.vec");
+static_assert(MLA_KEYS * MLA_ROW * 2 <= PAGE_BYTES, "a ring page holds a block's cache rows (passes/residency.py)");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), the
 // pair rotated dim d belongs to, and the pair (a, b) rotated by the position's cos | sin `cs`
@@ -80,7 +81,8 @@ struct MlaStage {  // one pointer (s.vec), the parts at constant offsets: few re
   float* vec;
   // [2][MLA_M][MLA_ROW]: the heads' queries times the softmax scale, bf16 hi | lo
   __device__ __forceinline__ __nv_bfloat16* q() const { return reinterpret_cast<__nv_bfloat16*>(vec); }
-  // [MLA_KEYS][MLA_ROW]: a block's cache rows, zero past its keys and MLA_W
+  // [MLA_KEYS][MLA_ROW]: a block's cache rows, zero past its keys and MLA_W (every other block's;
+  // the others' are in a ring page: mla_chunk)
   __device__ __forceinline__ __nv_bfloat16* rows() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_ROWS_AT); }
   // [MLA_KSPLIT][MLA_M][MLA_KEYS]: the block's scores, summed over each split's k-steps
   __device__ __forceinline__ float* part() const { return vec + MLA_PART_AT; }
@@ -204,13 +206,14 @@ __device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __
             2 * MLA_KSTEPS, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
 }
 
-// S = Q K^T of the staged block: a warp's item is an n-tile of 8 keys (B = the keys' rows, a key's
-// consecutive dims being B's k) over one of MLA_KSPLIT ranges of the k-steps, Q hi and Q lo each
-// an mma per k-step; the ranges' sums go to `part` (the softmax adds them in a fixed order).
-__device__ __forceinline__ void mla_scores(const MlaStage& m, int warp, int lane) {
+// S = Q K^T of the block staged in `rows`: a warp's item is an n-tile of 8 keys (B = the keys'
+// rows, a key's consecutive dims being B's k) over one of MLA_KSPLIT ranges of the k-steps, Q hi
+// and Q lo each an mma per k-step; the ranges' sums go to `part` (the softmax adds them in a fixed
+// order).
+__device__ __forceinline__ void mla_scores(const MlaStage& m, const __nv_bfloat16* rows, int warp, int lane) {
   for (int item = warp; item < MLA_KEYS / 8 * MLA_KSPLIT; item += COMPUTE_WARPS) {
     const int n0 = item % (MLA_KEYS / 8) * 8, split = item / (MLA_KEYS / 8);
-    const __nv_bfloat16* key = m.rows() + (n0 + (lane >> 2)) * MLA_ROW + 2 * (lane & 3);
+    const __nv_bfloat16* key = rows + (n0 + (lane >> 2)) * MLA_ROW + 2 * (lane & 3);
     float d[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = MLA_KSTEPS * split / MLA_KSPLIT; k < MLA_KSTEPS * (split + 1) / MLA_KSPLIT; ++k) {
       const uint32_t b0 = bf16_pair(key + 16 * k), b1 = bf16_pair(key + 16 * k + 8);
@@ -254,11 +257,12 @@ __device__ __forceinline__ void mla_softmax(const MlaStage& m, int nb, int warp,
   }
 }
 
-// O = O corr + P V of the staged block: warp w owns the 8-column output tiles w, w + COMPUTE_WARPS,
-// ... of every head (o[i]: rows g and g + 8, columns 2q, 2q + 1 of its tile i); A = P hi, then P lo,
-// over the block's two k-steps of 16 keys; B (k = key, n = latent dim) pairs the 16-bit values of
-// two consecutive keys' rows in a column.
-__device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT][4], int warp, int lane) {
+// O = O corr + P V of the block staged in `rows`: warp w owns the 8-column output tiles w,
+// w + COMPUTE_WARPS, ... of every head (o[i]: rows g and g + 8, columns 2q, 2q + 1 of its tile i);
+// A = P hi, then P lo, over the block's two k-steps of 16 keys; B (k = key, n = latent dim) pairs
+// the 16-bit values of two consecutive keys' rows in a column.
+__device__ __forceinline__ void mla_values(const MlaStage& m, const __nv_bfloat16* rows, float (&o)[MLA_OT][4],
+                                           int warp, int lane) {
   const int g = lane >> 2, q = lane & 3;
   const float c0 = g < MLA_HEADS ? m.st()[2 * MLA_HEADS + g] : 0.f;
   const float c1 = g + 8 < MLA_HEADS ? m.st()[2 * MLA_HEADS + g + 8] : 0.f;
@@ -269,7 +273,7 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT]
     o[i][2] *= c1;
     o[i][3] *= c1;
   }
-  const uint16_t* v = reinterpret_cast<const uint16_t*>(m.rows()) + 2 * q * MLA_ROW + g;
+  const uint16_t* v = reinterpret_cast<const uint16_t*>(rows) + 2 * q * MLA_ROW + g;
 #pragma unroll
   for (int k = 0; k < MLA_KEYS / 16; ++k) {
     uint32_t hi[4], lo[4];
@@ -290,27 +294,32 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, float (&o)[MLA_OT]
 
 // The chunk's rows [k0, k1) are taken MLA_KEYS at a time, on the tensor cores (mma.m16n8k16,
 // bf16 in, fp32 sums; FlashMLA's scheme): every thread copies its share of the block's rows
-// to shared memory (mla_load_block; the first block's copies issued by the caller, before it
-// stages the queries, and each next block's row ids read while this one is computed); the warps
-// score the block (mla_scores), a warp per head moves its online softmax (mla_softmax), and
-// the warps add the probability-weighted rows to the heads' sums, which stay in registers
-// (mla_values). The queries and probabilities are split into bf16 hi + lo, so scores and sums
-// keep ~16 significand bits of the fp32 reference's 24; the rows are bf16 as cached. Each row
-// is read from L2 once.
-__device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, long long k0, long long k1,
-                          float (&o)[MLA_OT][4], int ct) {
+// to shared memory (mla_load_block); the warps score the block (mla_scores), a warp per head
+// moves its online softmax (mla_softmax), and the warps add the probability-weighted rows to the
+// heads' sums, which stay in registers (mla_values). The queries and probabilities are split into
+// bf16 hi + lo, so scores and sums keep ~16 significand bits of the fp32 reference's 24; the rows
+// are bf16 as cached. Each row is read from L2 once. Blocks alternate between two buffers, the
+// stage's rows and `spare` (a ring page), so that a block's copies are issued as the block before
+// it begins and land while it is computed: with one buffer each block after the first began with
+// a round trip, ~1 of its ~3 µs (docs/performance.md, session 36). The first block's copies are
+// the caller's, issued before it stages the queries; `next` is the row id of this thread's key
+// in the second block, and each later block's is read a block ahead.
+__device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, __nv_bfloat16* spare, long long k0,
+                          long long k1, long long next, float (&o)[MLA_OT][4], int ct) {
   const int warp = ct >> 5, lane = ct & 31;
-  for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS) {
+  bool odd = false;  // the block's rows are in spare
+  for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS, odd = !odd) {
     cp_async_wait_all();
-    compute_sync();  // the block's rows (and, at the first, the queries)
-    const long long next = mla_block_row(p, t, b0 + MLA_KEYS, k1, ct);
-    mla_scores(m, warp, lane);
+    compute_sync();  // the block's rows (and, at the first, the queries); every warp is done with
+                     // the block before, whose buffer the next block's copies take
+    __nv_bfloat16* rows = odd ? spare : m.rows();
+    if (b0 + MLA_KEYS < k1) mla_load_block(p, t, odd ? m.rows() : spare, next, ct);
+    next = mla_block_row(p, t, b0 + 2 * MLA_KEYS, k1, ct);
+    mla_scores(m, rows, warp, lane);
     compute_sync();
     mla_softmax(m, static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0)), warp, lane);
     compute_sync();
-    mla_values(m, o, warp, lane);
-    compute_sync();  // before the next block's rows and probabilities replace these
-    if (b0 + MLA_KEYS < k1) mla_load_block(p, t, m.rows(), next, ct);
+    mla_values(m, rows, o, warp, lane);
   }
 }
 
@@ -345,8 +354,11 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
 // One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
 // indexer's selection, the first min(pos + 1, DSA_TOPK) entries of its list) of one group of MLA_HEADS
 // heads (F_ROW0): stage the heads' queries (mla_stage_queries); run the chunk; leave (sums, max,
-// sum) per head in mla_partials (F_AUX3), which v expansion merges (stage_merged_heads).
-__device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, int ct) {
+// sum) per head in mla_partials (F_AUX3), which v expansion merges (stage_merged_heads). The task
+// takes the ring's next page, which the loader leaves blank (run_loader), for every other block's
+// rows (mla_chunk); `consumed` counts it.
+__device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, uint32_t& consumed,
+                                  int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
 #if DSA
   const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
@@ -355,10 +367,10 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
 #endif
   const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
   const MlaStage stage{s.vec};
-  // the first block's row id is loaded before the rope factors are stored: the store to shared
-  // memory, which may alias p.act as far as the compiler knows, would otherwise hold the row
-  // id's load (with DSA a round trip to L2) until the factor's load had returned
-  const long long row = mla_block_row(p, t, k0, k1, ct);
+  // the first two blocks' row ids are loaded before the rope factors are stored: the store to
+  // shared memory, which may alias p.act as far as the compiler knows, would otherwise hold the
+  // row ids' loads (with DSA a round trip to L2) until the factor's load had returned
+  const long long row = mla_block_row(p, t, k0, k1, ct), second = mla_block_row(p, t, k0 + MLA_KEYS, k1, ct);
   for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
   for (int h = ct; h < MLA_HEADS; h += NT) {
     stage.st()[h] = -INFINITY;
@@ -367,8 +379,17 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
   mla_load_block(p, t, stage.rows(), row, ct);  // in flight while queries stage
   compute_sync();
   mla_stage_queries(p, t, stage, g, ct);
+  const int slot = consumed % RING_PAGES;
+  ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);  // the loader is past the slot
   float acc[MLA_OT][4] = {};
-  mla_chunk(p, t, stage, k0, k1, acc, ct);
+  mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(s.ring + slot * PAGE_BYTES), k0, k1, second, acc, ct);
+  // this thread's copies into the page (generic proxy) come before the loader's next bulk copies
+  // into the slot (async proxy), which the release below lets it issue
+  fence_proxy_async_shared();
   mla_write_part(p.act + t[F_AUX3] + (static_cast<long long>(g) * chunks + c) * MLA_PART, stage, acc, ct);
+  // released past write_part's barriers, after every warp's last read of the page (the page's
+  // group alone arrives: the slot's `empty` barrier counts one group's threads)
+  if ((ct >> 5) / GROUP_WARPS == static_cast<int>(consumed % PAGE_GROUPS)) release_page(s, slot);
+  ++consumed;
 }
 #endif  // MLA

@@ -19,6 +19,11 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       : "=r"(ok) : "r"(smem_addr(bar)), "r"(parity) : "memory");
   return ok != 0;
 }
+// Orders this thread's shared-memory stores before what the async proxy does there next: the
+// tensor cores' reads of staged digits, a bulk copy into a ring page that compute wrote.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
 // The ring's copies: weights and past keys / values, each read once a step and far more than
 // L2 holds, so they are marked evict-first: they leave L2 before the activations, digits and
 // counters that SMs hand each other (llama-3.1-8b FP8 on an H200: 1.6 % faster a token,
@@ -98,10 +103,6 @@ template <> struct Wgmma<16> {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Orders this thread's shared-memory stores before the tensor cores' reads (the async proxy).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 // prmt.b32: byte i of the result is byte s[4 i .. 4 i + 2] of b:a, or with s[4 i + 3] set that
 // byte's sign bit in all 8 bits (which __byte_perm leaves out). The host harness has its own.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
