@@ -6,16 +6,21 @@ __device__ bool wait_counter(const Params& p, int counter, unsigned target, int 
   return ok;
 }
 
+// Only thread 0 reads the task's wait fields: warp 0 waited for the row's copy (cp.async) before
+// this call, and the other warps may read the row only past the barrier here, which shows them
+// the copy and what thread 0 saw of the counters alike.
 __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long step, int task) {
-  bool ok = true;
-  for (int w = 0; w < 2; ++w) {
-    const int c = t[F_WAIT0 + 2 * w];
-    if (c < 0) continue;
-    const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
-    const long long want = static_cast<long long>(n) * (step + 1 - lag);
-    if (want > 0) ok = wait_counter(p, c, static_cast<unsigned>(want), task) && ok;
+  if (threadIdx.x == 0) {
+    bool ok = true;
+    for (int w = 0; w < 2; ++w) {
+      const int c = t[F_WAIT0 + 2 * w];
+      if (c < 0) continue;
+      const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
+      const long long want = static_cast<long long>(n) * (step + 1 - lag);
+      if (want > 0) ok = acquire(p, c, static_cast<unsigned>(want), task, nullptr) && ok;
+    }
+    s.flags[2] = ok;
   }
-  if (threadIdx.x == 0) s.flags[2] = ok;
   compute_sync();
   return s.flags[2];
 }
