@@ -13,7 +13,7 @@ import pytest
 from tilertc.profile import StepProfile
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
-from layer_path import layer_path  # noqa: E402
+from layer_path import layer_ends, layer_path  # noqa: E402
 
 
 def test_the_path_from_known_stamps() -> None:
@@ -52,3 +52,17 @@ def test_steps_are_folded_into_their_mean() -> None:
     (down,) = layer_path(profile, [0, 1], np.ones(1))
     assert (down.first_start, down.first_met, down.last_done) == pytest.approx((0.0, 2.0, 4.0))
     assert down.mean_task == pytest.approx(2.0)
+
+
+def test_layer_ends_are_one_sample_a_layer_and_step() -> None:
+    """Two layers in two steps: each sample is its layer's last done less its first start in
+    that step (layer 1 of step 1 ends 4 µs after its start, the others 3)."""
+    ops = ["embed", "layers.0.qkv", "layers.0.attention", "layers.1.qkv", "layers.1.attention"]
+    step0 = [[0, 0, 500], [1000, 1500, 2000], [2000, 3000, 4000],
+             [5000, 5500, 6000], [6000, 7000, 8000]]
+    step1 = [[a + 50000, b + 50000, c + 50000] for a, b, c in step0]
+    step1[4][2] += 1000
+    profile = StepProfile(np.array([step0, step1], dtype=np.uint64), ops,
+                          np.zeros(len(ops), dtype=np.int64))
+    assert layer_ends(profile, [0]) == pytest.approx([3.0, 3.0])
+    assert layer_ends(profile, [0, 1]) == pytest.approx([3.0, 3.0, 3.0, 4.0])

@@ -24,7 +24,8 @@
 #             .out/ab/NAME-old and .out/ab/NAME-new (built on the development machine, e.g.
 #             `python tools/one_layer.py glm-5 moe .out/ab/glm-new --weight-dtype fp8` and the
 #             same with `--at REV` for -old; carry .out), tools/layer_path.py of each (the
-#             op-by-op timeline: two runs of one kernel differ by ~1.5 us at a layer's end) and
+#             op-by-op timeline over 15 steps, with the layer end's standard error: two runs of
+#             one kernel differed by ~1.5 us at a layer's end over 3 steps) and
 #             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt; at 1k context,
 #             or at N for a NAME ending in @N (e.g. ds-long@3000: build with --max-seq-len 4096).
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
@@ -116,12 +117,14 @@ ab() {
         for build in old new; do
             echo "== $name-$build: layer_path" >>"$report"
             timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context "$context" \
-                --later-steps >>"$report" 2>&1
+                --steps 16 --later-steps >>"$report" 2>&1
         done
         echo "== $name: bench old (baseline) against new" >>"$report"
         timeout 240 tilertc bench "$old" --artifact ".out/ab/$name-new" --systems tilertc \
             --context "$context" --gen 64 --rounds 3 --out "$out/bench-ab-$name" >>"$report" 2>&1
         echo "ab $name (rc $?): $(grep -E '│ tilertc' "$report" | tail -2 | tr -s ' ' | tr '\n' ' ')"
+        echo "  layer ends, old then new: $(grep "the layer's end" "$report" | tail -2 |
+            sed 's/.*end: //; s/ (.*//' | tr '\n' ';')"
     done
     [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"
 }

@@ -1,6 +1,6 @@
 """A layer's critical path on the GPU, op after op, from the kernel's own task stamps:
 
-    python tools/layer_path.py ARTIFACT [--context N] [--step S | --later-steps]   # on a GPU
+    python tools/layer_path.py ARTIFACT [--context N] [--steps N] [--step S | --later-steps]
 
 Loads ARTIFACT with random weights, decodes a few steps with the stamps on from position N
 (the cache's earlier rows are whatever the arena holds, which costs attention the time of a
@@ -22,6 +22,10 @@ task; more than they do, as a task's staging does not grow with its rows: DeepSe
 attn_in_proj gave 4.6 µs against a tail of 2.0-2.5, docs/performance.md, session 48) and the
 rest: SMs of equal work that finished at different times, which only tasks handed out at run
 time (an SM taking the next tile when it is free) could even out.
+
+Below the table, the layer's end (its last task done) as the mean over the (layer, step)
+samples with its standard error: two builds whose ends differ by less than about twice that
+(two runs of one kernel moved ~1.5 us at 3 samples) are not told apart; `--steps 16` gives 15.
 """
 
 from __future__ import annotations
@@ -61,19 +65,36 @@ class OpOnPath:
         return self.last_done - self.median_done
 
 
-def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> list[OpOnPath]:
-    """The ops of a layer in the order they run in one, each the mean over the layers and
-    `steps`; a layer's time 0 is the first start of any of its tasks in that step. `rows`:
-    each task's output rows (its size, for the tail's split)."""
+def layer_tasks(profile: StepProfile) -> list[dict[str, list[int]]]:
+    """Per layer, its tasks by op (the op's name past `layers.N.`)."""
     layers: dict[int, dict[str, list[int]]] = {}
     for task, name in enumerate(profile.ops):
         m = LAYER_OP.match(name)
         if m:
             layers.setdefault(int(m.group(1)), {}).setdefault(m.group(2), []).append(task)
+    return list(layers.values())
+
+
+def layer_ends(profile: StepProfile, steps: Sequence[int]) -> np.ndarray:
+    """Each layer's end in each of `steps` (its last task done, µs from its first task start):
+    the samples whose spread says how far two builds' means must differ to tell them apart."""
+    ends = []
+    for step in steps:
+        stamps = profile.since_start(step)
+        for ops in layer_tasks(profile):
+            tasks = [t for op in ops.values() for t in op]
+            ends.append(stamps[tasks, DONE].max() - stamps[tasks, START].min())
+    return np.array(ends, dtype=np.float64) / 1e3
+
+
+def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> list[OpOnPath]:
+    """The ops of a layer in the order they run in one, each the mean over the layers and
+    `steps`; a layer's time 0 is the first start of any of its tasks in that step. `rows`:
+    each task's output rows (its size, for the tail's split)."""
     per_op: dict[str, list[list[float]]] = {}
     for step in steps:
         stamps = profile.since_start(step)
-        for ops in layers.values():
+        for ops in layer_tasks(profile):
             t0 = min(stamps[tasks, START].min() for tasks in ops.values())
             for op, tasks in ops.items():
                 s, size = stamps[tasks], rows[tasks]
@@ -94,11 +115,11 @@ def task_rows(engine: Any) -> np.ndarray:
     return tasks[:, fields.index("row1")] - tasks[:, fields.index("row0")]
 
 
-def run(artifact: Path, steps: Sequence[int], context: int) -> None:
+def run(artifact: Path, steps: Sequence[int], context: int, decoded: int) -> None:
     engine = random_engine(artifact)
-    profile = profile_at(engine, context)
-    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps))}"
-    print(f"== {artifact}: {which} of {STEPS}, context {context}; µs from the layer's first "
+    profile = profile_at(engine, context, steps=decoded)
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+    print(f"== {artifact}: {which} of {decoded}, context {context}; µs from the layer's first "
           "task start, mean over the layers" + (" and steps" if len(steps) > 1 else ""))
     print(f"  {'op':24s} {'1st start':>9s} {'1st met':>8s} {'med met':>8s} {'med done':>9s}"
           f" {'last done':>9s} {'task':>6s} {'tail':>5s} {'sizes':>5s}  usually last")
@@ -108,6 +129,12 @@ def run(artifact: Path, steps: Sequence[int], context: int) -> None:
               f" {r.median_done:9.2f} {r.last_done:9.2f} {r.mean_task:6.2f} {r.tail:5.2f}"
               f" {r.from_sizes:5.2f}  task {last[r.op].usually_last}"
               f" ({last[r.op].usually_last_share:.0%})")
+    ends = layer_ends(profile, steps)
+    if len(ends) > 1:
+        spread = ends.std(ddof=1)
+        print(f"  the layer's end: {ends.mean():.2f} µs, standard error "
+              f"{spread / len(ends) ** 0.5:.2f} ({len(ends)} layers x steps; standard deviation "
+              f"{spread:.2f})")
 
 
 def main(argv: list[str]) -> int:
@@ -115,10 +142,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("artifact", type=Path)
     add_run_options(parser)
     parser.add_argument("--later-steps", action="store_true",
-                        help=f"the mean over steps 1-{STEPS - 1} instead of --step's one (a "
-                             "step's stamps move by ~0.5-1 us between steps)")
+                        help="the mean over every step but the first instead of --step's one "
+                             "(a step's stamps move by ~0.5-1 us between steps)")
+    parser.add_argument("--steps", type=int, default=STEPS,
+                        help=f"steps decoded with the stamps on [default: {STEPS}]; more give "
+                             "--later-steps more samples (an A/B of two builds: 16)")
     args = parser.parse_args(argv)
-    run(args.artifact, list(range(1, STEPS)) if args.later_steps else [args.step], args.context)
+    if not 0 <= args.step < args.steps or args.steps < 2:
+        parser.error(f"--step {args.step} is not one of --steps {args.steps} (at least 2)")
+    steps = list(range(1, args.steps)) if args.later_steps else [args.step]
+    run(args.artifact, steps, args.context, args.steps)
     return 0
 
 

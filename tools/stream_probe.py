@@ -155,8 +155,8 @@ def random_engine(artifact: Path) -> Any:
     return Engine.load(artifact, weights=weights, device="cuda")
 
 
-def profile_at(engine: Any, context: int, spare_steps: int = 0) -> Any:
-    """Decode STEPS steps with the task stamps on (after a warm-up decode: caches, clocks)
+def profile_at(engine: Any, context: int, spare_steps: int = 0, steps: int = STEPS) -> Any:
+    """Decode `steps` steps with the task stamps on (after a warm-up decode: caches, clocks)
     from position `context`, with `spare_steps` rows of stamp room past them: the cache's
     earlier rows are whatever the arena holds (zeros), which costs attention the same time as
     a prefilled context. Needs the GPU."""
@@ -164,7 +164,7 @@ def profile_at(engine: Any, context: int, spare_steps: int = 0) -> Any:
 
     engine.position = context
     list(engine.generate([1], max_new_tokens=8))
-    return profile_engine(engine, 5, STEPS, spare_steps)
+    return profile_engine(engine, 5, steps, spare_steps)
 
 
 def stamped_profile(engine: Any, words: int, context: int = 0) -> tuple[Any, np.ndarray]:
