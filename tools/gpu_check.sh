@@ -14,7 +14,9 @@
 #   full      the full-size ones (DeepSeek-V3 / V3.2 / GLM-5 layers; a few minutes each);
 #   tp        the tensor-parallel ones (on a machine with two GPUs);
 #   sanitize  compute-sanitizer memcheck and racecheck on the tiny models
-#             (tools/sanitize_decode.py), two runs at a time;
+#             (tools/sanitize_decode.py), all sixteen runs at once: two at a time, eight
+#             rounds of 2-3 minutes each did not fit one 10-minute call (the stage last ran
+#             whole in session 20; session 54 found a race of session 41's in the task rows);
 #   bench     a short `tilertc bench` of llama-3.2-1b with its profile;
 #   layers    issue 6's per-layer bench: one FP8 dense and one FP8 MoE layer of DeepSeek-V3.2 and
 #             of GLM-5 against their rooflines (`tilertc bench MODEL --weight-dtype fp8
@@ -70,7 +72,7 @@ sanitize_one() {
     log=$tool-$model${args:+_${args//[ =]/_}}  # one log per entry, not per model
     [ "$tool" = memcheck ] && extra=(--report-api-errors no)
     # shellcheck disable=SC2086  # $args: zero or more words
-    timeout 240 "$sanitizer" --tool "$tool" "${extra[@]}" \
+    timeout 500 "$sanitizer" --tool "$tool" "${extra[@]}" \
         python3 tools/sanitize_decode.py "$model" $args >"$out/$log.txt" 2>&1
     echo "$tool $entry (rc $?): $(grep -h 'SUMMARY' "$out/$log.txt" | tr -s ' ')"
 }
@@ -85,8 +87,8 @@ sanitize() {
         glm-5-tiny; do
         sanitize_one memcheck "$entry" &
         sanitize_one racecheck "$entry" &
-        wait
     done
+    wait
 }
 
 bench() {
