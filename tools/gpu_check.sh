@@ -109,13 +109,14 @@ layers() {
 }
 
 ab() {
-    local old name context report=$out/ab.txt pairs=0
+    local old name context from report=$out/ab.txt pairs=0
     for old in .out/ab/*-old; do
         [ -d "$old" ] && [ -d "${old%-old}-new" ] || continue
         name=$(basename "${old%-old}")
         context=1024
         [[ $name == *@* ]] && context=${name##*@}
         pairs=$((pairs + 1))
+        from=$(($([ -f "$report" ] && wc -l <"$report" || echo 0) + 1))  # this pair's lines
         for build in old new; do
             echo "== $name-$build: layer_path" >>"$report"
             timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context "$context" \
@@ -125,7 +126,7 @@ ab() {
         timeout 240 tilertc bench "$old" --artifact ".out/ab/$name-new" --systems tilertc \
             --context "$context" --gen 64 --rounds 3 --out "$out/bench-ab-$name" >>"$report" 2>&1
         echo "ab $name (rc $?): $(grep -E '│ tilertc' "$report" | tail -2 | tr -s ' ' | tr '\n' ' ')"
-        echo "  layer ends, old then new: $(grep "the layer's end" "$report" | tail -2 |
+        echo "  layer ends, old then new: $(tail -n "+$from" "$report" | grep "the layer's end" |
             sed 's/.*end: //; s/ (.*//' | tr '\n' ';')"
     done
     [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"

@@ -78,12 +78,11 @@ def layer_tasks(profile: StepProfile) -> list[dict[str, list[int]]]:
 def layer_ends(profile: StepProfile, steps: Sequence[int]) -> np.ndarray:
     """Each layer's end in each of `steps` (its last task done, µs from its first task start):
     the samples whose spread says how far two builds' means must differ to tell them apart."""
+    layers = [[t for op in ops.values() for t in op] for ops in layer_tasks(profile)]
     ends = []
     for step in steps:
         stamps = profile.since_start(step)
-        for ops in layer_tasks(profile):
-            tasks = [t for op in ops.values() for t in op]
-            ends.append(stamps[tasks, DONE].max() - stamps[tasks, START].min())
+        ends += [stamps[tasks, DONE].max() - stamps[tasks, START].min() for tasks in layers]
     return np.array(ends, dtype=np.float64) / 1e3
 
 
@@ -91,10 +90,11 @@ def layer_path(profile: StepProfile, steps: Sequence[int], rows: np.ndarray) -> 
     """The ops of a layer in the order they run in one, each the mean over the layers and
     `steps`; a layer's time 0 is the first start of any of its tasks in that step. `rows`:
     each task's output rows (its size, for the tail's split)."""
+    layers = layer_tasks(profile)
     per_op: dict[str, list[list[float]]] = {}
     for step in steps:
         stamps = profile.since_start(step)
-        for ops in layer_tasks(profile):
+        for ops in layers:
             t0 = min(stamps[tasks, START].min() for tasks in ops.values())
             for op, tasks in ops.items():
                 s, size = stamps[tasks], rows[tasks]
@@ -148,8 +148,10 @@ def main(argv: list[str]) -> int:
                         help=f"steps decoded with the stamps on [default: {STEPS}]; more give "
                              "--later-steps more samples (an A/B of two builds: 16)")
     args = parser.parse_args(argv)
-    if not 0 <= args.step < args.steps or args.steps < 2:
-        parser.error(f"--step {args.step} is not one of --steps {args.steps} (at least 2)")
+    if args.later_steps and args.steps < 2:
+        parser.error("--later-steps needs --steps 2 or more: it leaves the first step out")
+    if not args.later_steps and not 0 <= args.step < args.steps:
+        parser.error(f"--step {args.step} is not one of the --steps {args.steps} steps (0-based)")
     steps = list(range(1, args.steps)) if args.later_steps else [args.step]
     run(args.artifact, steps, args.context, args.steps)
     return 0
