@@ -633,7 +633,10 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
 #endif
         break;
 #if MLA
-      case OP_MLA_ATTENTION: run_mla_attention(p, s, t, pos, mine, ct); break;
+      case OP_MLA_ATTENTION:
+        run_mla_attention(p, s, t, pos, mine, ct);
+        mla_release_page(s, mine, ct);
+        break;
 #else
       case OP_ATTENTION: run_attention(p, s, t, 0, pos, mine, ct); break;
 #endif

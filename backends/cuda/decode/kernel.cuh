@@ -90,6 +90,9 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
 #endif
       }
       if (signal) signal_done(p, t);
+#if MLA
+      if (t[F_OPCODE] == OP_MLA_ATTENTION) mla_release_page(s, consumed, opaque(ct));  // after the signal
+#endif
       if (stamp) stamp[2] = now_ns();
     }
   }

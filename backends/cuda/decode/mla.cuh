@@ -356,7 +356,9 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
 // heads (F_ROW0): stage the heads' queries (mla_stage_queries); run the chunk; leave (sums, max,
 // sum) per head in mla_partials (F_AUX3), which v expansion merges (stage_merged_heads). The task
 // takes the ring's next page, which the loader leaves blank (run_loader), for every other block's
-// rows (mla_chunk); `consumed` counts it.
+// rows (mla_chunk), and gives it back in mla_release_page, after its signal: the loader's next
+// bulk copy into the slot would otherwise share the SM's path from L2 with the acknowledgements of
+// the result's stores, which the signal's release waits for.
 __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, uint32_t& consumed,
                                   int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
@@ -384,12 +386,18 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
   float acc[MLA_OT][4] = {};
   mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(s.ring + slot * PAGE_BYTES), k0, k1, second, acc, ct);
   // this thread's copies into the page (generic proxy) come before the loader's next bulk copies
-  // into the slot (async proxy), which the release below lets it issue
+  // into the slot (async proxy), which the page's release (mla_release_page) lets it issue
   fence_proxy_async_shared();
   mla_write_part(p.act + t[F_AUX3] + (static_cast<long long>(g) * chunks + c) * MLA_PART, stage, acc, ct);
-  // released past write_part's barriers, after every warp's last read of the page (the page's
-  // group alone arrives: the slot's `empty` barrier counts one group's threads)
-  if ((ct >> 5) / GROUP_WARPS == static_cast<int>(consumed % PAGE_GROUPS)) release_page(s, slot);
+}
+
+// The page run_mla_attention took, given back once the task has signalled (`consumed` counts it):
+// the signalling thread is then past its release, so the result's stores are acknowledged. After
+// every warp's last read of the page; the page's group alone arrives (the slot's `empty` barrier
+// counts one group's threads).
+__device__ void mla_release_page(Shared& s, uint32_t& consumed, int ct) {
+  compute_sync();
+  if ((ct >> 5) / GROUP_WARPS == static_cast<int>(consumed % PAGE_GROUPS)) release_page(s, consumed % RING_PAGES);
   ++consumed;
 }
 #endif  // MLA
