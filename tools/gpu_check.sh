@@ -4,8 +4,8 @@
 #
 #   bash tools/gpu_check.sh [STAGE ...]
 #
-# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab (default: kernel, tests, sanitize,
-# bench).
+# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths (default: kernel, tests,
+# sanitize, bench).
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
 #   kernel    the `gpu` tests of tests/test_cuda_kernel.py but the full-size and tensor-parallel
@@ -29,7 +29,11 @@
 #             op-by-op timeline over 15 steps, with the layer end's standard error: two runs of
 #             one kernel differed by ~1.5 us at a layer's end over 3 steps) and
 #             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt; at 1k context,
-#             or at N for a NAME ending in @N (e.g. ds-long@3000: build with --max-seq-len 4096).
+#             or at N for a NAME ending in @N (e.g. ds-long@3000: build with --max-seq-len 4096);
+#   paths     tools/layer_path.py of every build under .out/ab, whatever its name (e.g. ds-main,
+#             ds-vexp, ds-hold: several variants against one baseline), no bench: each table
+#             into $out/paths.txt, its MLA chain, MoE ops and the layer's end (± its standard
+#             error) to stdout (~20 s a build).
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
@@ -41,8 +45,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench | layers | ab) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | layers | ab | paths) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths)"; exit 2 ;;
     esac
 done
 
@@ -130,6 +134,20 @@ ab() {
             sed 's/.*end: //; s/ (.*//' | tr '\n' ';')"
     done
     [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"
+}
+
+paths() {
+    local build context report=$out/paths.txt
+    for build in .out/ab/*/; do
+        build=${build%/}
+        context=1024
+        [[ $build == *@* ]] && context=${build##*@}
+        echo "== $build" | tee -a "$report"
+        timeout 100 python3 tools/layer_path.py "$build" --context "$context" --steps 16 \
+            --later-steps >>"$report" 2>&1 || echo "  layer_path failed (rc $?): $report"
+        tail -n 20 "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
+    done
+    [ -d .out/ab ] || echo "paths: no .out/ab"
 }
 
 for stage in "${stages[@]}"; do
