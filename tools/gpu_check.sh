@@ -29,7 +29,7 @@
 #             op-by-op timeline over 15 steps, with the layer end's standard error: two runs of
 #             one kernel differed by ~1.5 us at a layer's end over 3 steps) and
 #             one `tilertc bench` of the two (--rounds 3), all into $out/ab.txt; at 1k context,
-#             or at N for a NAME ending in @N (e.g. ds-long@3000: build with --max-seq-len 4096);
+#             or at N for a NAME with @N (e.g. ds-long@3000: build with --max-seq-len 4096);
 #   paths     tools/layer_path.py of every build under .out/ab, whatever its name (e.g. ds-main,
 #             ds-vexp, ds-hold: several variants against one baseline), no bench: each table
 #             into $out/paths.txt, its MLA chain, MoE ops and the layer's end (± its standard
@@ -112,19 +112,29 @@ layers() {
     done
 }
 
+# The context a build under .out/ab is timed at: 1k, or N for a name with @N (ds-long@3000-old).
+context_of() {
+    local n=${1##*@}
+    if [[ $1 == *@* ]]; then echo "${n%%[!0-9]*}"; else echo 1024; fi
+}
+
+# tools/layer_path.py of build $1 over 15 steps at its context, appended to report $2.
+timeline() {
+    timeout 90 python3 tools/layer_path.py "$1" --context "$(context_of "$1")" --steps 16 \
+        --later-steps >>"$2" 2>&1
+}
+
 ab() {
     local old name context from report=$out/ab.txt pairs=0
     for old in .out/ab/*-old; do
         [ -d "$old" ] && [ -d "${old%-old}-new" ] || continue
         name=$(basename "${old%-old}")
-        context=1024
-        [[ $name == *@* ]] && context=${name##*@}
+        context=$(context_of "$name")
         pairs=$((pairs + 1))
         from=$(($([ -f "$report" ] && wc -l <"$report" || echo 0) + 1))  # this pair's lines
         for build in old new; do
             echo "== $name-$build: layer_path" >>"$report"
-            timeout 90 python3 tools/layer_path.py ".out/ab/$name-$build" --context "$context" \
-                --steps 16 --later-steps >>"$report" 2>&1
+            timeline ".out/ab/$name-$build" "$report"
         done
         echo "== $name: bench old (baseline) against new" >>"$report"
         timeout 240 tilertc bench "$old" --artifact ".out/ab/$name-new" --systems tilertc \
@@ -137,14 +147,11 @@ ab() {
 }
 
 paths() {
-    local build context report=$out/paths.txt
+    local build report=$out/paths.txt
     for build in .out/ab/*/; do
         build=${build%/}
-        context=1024
-        [[ $build == *@* ]] && context=${build##*@}
         echo "== $build" | tee -a "$report"
-        timeout 100 python3 tools/layer_path.py "$build" --context "$context" --steps 16 \
-            --later-steps >>"$report" 2>&1 || echo "  layer_path failed (rc $?): $report"
+        timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
         tail -n 20 "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
     done
     [ -d .out/ab ] || echo "paths: no .out/ab"
