@@ -122,6 +122,7 @@ static inline float atomicAdd(float* p, float v) {  // fibers never run at once:
   *p = old + v;
   return old;
 }
+static inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicCAS(int* p, int cmp, int v) {
   const int old = *p;
   if (old == cmp) *p = v;

@@ -90,6 +90,8 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
 #endif
       }
       if (signal) signal_done(p, t);
+      else compute_sync();  // no thread still takes a page (and holds copies) past the lift
+      if (ct == SIGNAL_THREAD) atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 0);  // after the signal
 #if MLA
       if (t[F_OPCODE] == OP_MLA_ATTENTION) mla_release_page(s, consumed, opaque(ct));  // after the signal
 #endif
@@ -120,6 +122,7 @@ extern "C" __global__ void __launch_bounds__((COMPUTE_WARPS + 1) * 32, 1)
     }
     s.flags[0] = 0;
     s.flags[1] = 0;
+    s.flags[FLAG_HOLD] = 0;
     s.flags[FLAG_SAMPLE_MODE] = sampling(p).mode();
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }

@@ -41,6 +41,16 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
   }
 }
 
+// A task's last page taken, compute holds the loader's next copies until the task has signalled
+// (kernel.cuh: lift_hold; the loader waits in claim_page): a bulk copy issued just before a signal
+// delays the signal's release. An MLA attention task that gave its page back after its signal,
+// not before, was met by the v expansion 0.3 µs after it, against 2.2-3.2 (H200, docs/
+// performance.md, session 55). Every page of the task has been issued by then, so the hold waits
+// for nothing the task needs.
+__device__ __forceinline__ void hold_copies(Shared& s) {
+  if ((threadIdx.x & 31) == 0) atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 1);
+}
+
 // A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader deals
 // a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its first
 // row r of n) and released; `consumed` counts the task's pages, every group's. With
@@ -55,6 +65,7 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
     if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
     const int slot = page_index % RING_PAGES;
     ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
+    if (r + per_page >= rows) hold_copies(s);
     if constexpr (BODY_RELEASES) {
       body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r), slot);
     } else {

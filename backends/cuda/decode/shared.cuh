@@ -1,4 +1,6 @@
 // ---- shared memory ------------------------------------------------------------------------
+constexpr int FLAG_HOLD = 6;  // see Shared::flags
+static_assert(FLAG_HOLD < FLAG_WORDS, "the flags' words hold the hold");
 struct Shared {
   uint8_t* ring;         // RING_PAGES x PAGE_BYTES weight pages
   float* vec;            // MAX_K fp32: the input vector of a task (attention: q/k/v heads)
@@ -6,7 +8,8 @@ struct Shared {
   float* acc;            // ACC_FLOATS: a matrix-vector task's row sums
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
-  volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode
+  volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode;
+                         // [FLAG_HOLD] the loader's copies held (pages.cuh: hold_copies)
   int* task;             // [2][TASK_SLOT]: compute's task rows, this task's and the next's (run_compute)
 };
 static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot (passes/residency.py)");
