@@ -89,6 +89,8 @@ __device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows
 // its weight pages, into s.acc; the input vector is staged. Consumes the task's pages. The
 // caller derives the thread's lane, page group and warp in the group first thing in the task (in
 // run_matvec that order gives the machine code it had before this loop was its own function).
+// ENDS_TASK as for_each_page's.
+template <bool ENDS_TASK = true>
 __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp,
                                              int k8, int halves, uint32_t& consumed, int lane, int group,
                                              int gw) {
@@ -131,7 +133,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
   const bool short_rows = whole_rows && wpr == 1 && 2 * k8 <= SHORT_ROW_GROUPS;
 #endif
-  for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
+  for_each_page<false, ENDS_TASK>(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
 #if MLA
     const auto input = [&](int i) { return s.vec + head_input(r + i); };  // row i's x
 #else

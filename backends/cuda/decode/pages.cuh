@@ -42,8 +42,8 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 }
 
 // A task's last page taken, compute holds the loader's next copies until the task has signalled
-// (kernel.cuh: lift_hold; the loader waits in claim_page): a bulk copy issued just before a signal
-// delays the signal's release. An MLA attention task that gave its page back after its signal,
+// (run_compute lifts the hold; the loader waits in claim_page): a bulk copy issued just before a
+// signal delays the signal's release. An MLA attention task that gave its page back after its signal,
 // not before, was met by the v expansion 0.3 µs after it, against 2.2-3.2 (H200, docs/
 // performance.md, session 55). Every page of the task has been issued by then, so the hold waits
 // for nothing the task needs.
@@ -56,8 +56,10 @@ __device__ __forceinline__ void hold_copies(Shared& s) {
 // row r of n) and released; `consumed` counts the task's pages, every group's. With
 // BODY_RELEASES the body is `body(page, r, n, slot)` and releases the slot itself, each thread
 // once, after its last read of the page, so that the loader refills it while the thread still
-// works on what it read.
-template <bool BODY_RELEASES = false, class Rows, class Body>
+// works on what it read. ENDS_TASK: these are the task's last pages, so the last one holds the
+// loader's copies (hold_copies); a split-K task streams two sets, and a hold from its first
+// would leave compute waiting for pages that the loader is held from copying.
+template <bool BODY_RELEASES = false, bool ENDS_TASK = true, class Rows, class Body>
 __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows rows, Rows per_page, int group,
                                               uint32_t& consumed, Body body) {
   uint32_t page_index = consumed;
@@ -65,7 +67,7 @@ __device__ __forceinline__ void for_each_page(const Params& p, Shared& s, Rows r
     if (page_index % PAGE_GROUPS != static_cast<uint32_t>(group)) continue;
     const int slot = page_index % RING_PAGES;
     ring_wait(p, &s.full[slot], (page_index / RING_PAGES) & 1, nullptr);
-    if (r + per_page >= rows) hold_copies(s);
+    if (ENDS_TASK && r + per_page >= rows) hold_copies(s);
     if constexpr (BODY_RELEASES) {
       body(s.ring + slot * PAGE_BYTES, r, min(per_page, rows - r), slot);
     } else {

@@ -41,7 +41,7 @@ __device__ void run_split_k(const Params& p, Shared& s, const int* t, uint32_t& 
   const int width = t[F_ROW1] - t[F_ROW0];
   for (int i = ct; i < 2 * width; i += NT) s.acc[i] = 0.f;
   stage_vector(p, s, t, ct);  // normed: x * gamma staged, 1/rms in s.red; ends with a barrier
-  matvec_pages(p, s, t, width, t[F_ROW_BYTES], rows_per_page(t), t[F_K] / 8, 2, consumed, lane, group, gw);
+  matvec_pages<false>(p, s, t, width, t[F_ROW_BYTES], rows_per_page(t), t[F_K] / 8, 2, consumed, lane, group, gw);
   compute_sync();  // every gate/up sum is in s.acc, and no warp reads the staged input any more
   const float rstd = s.red[COMPUTE_WARPS];
   for (int i = ct; i < width; i += NT) {  // as run_matvec's silu_mul epilogue
