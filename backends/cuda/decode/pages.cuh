@@ -43,10 +43,11 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 
 // A task's last page taken, compute holds the loader's next copies until the task has signalled
 // (run_compute lifts the hold; the loader waits in claim_page): a bulk copy issued just before a
-// signal delays the signal's release. An MLA attention task that gave its page back after its signal,
-// not before, was met by the v expansion 0.3 µs after it, against 2.2-3.2 (H200, docs/
-// performance.md, session 55). Every page of the task has been issued by then, so the hold waits
-// for nothing the task needs.
+// signal delays the signal's release. An MLA attention task that gave its page back after its
+// signal, not before, was met by the v expansion 0.3 µs after it, against 2.2-3.2 (H200, session
+// 55); with the hold a one-layer FP8 MoE layer ends 4.5-7.3 µs sooner (H100, session 56; docs/
+// performance.md). Every page of the task has been issued by then (for_each_page: ENDS_TASK), so
+// the hold waits for nothing the task needs.
 __device__ __forceinline__ void hold_copies(Shared& s) {
   if ((threadIdx.x & 31) == 0) atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 1);
 }
