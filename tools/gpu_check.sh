@@ -147,12 +147,13 @@ ab() {
 }
 
 paths() {
-    local build report=$out/paths.txt
+    local build from report=$out/paths.txt
     for build in .out/ab/*/; do
         build=${build%/}
+        from=$(($([ -f "$report" ] && wc -l <"$report" || echo 0) + 1))  # this build's lines
         echo "== $build" | tee -a "$report"
         timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
-        tail -n 20 "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
+        tail -n "+$from" "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
     done
     [ -d .out/ab ] || echo "paths: no .out/ab"
 }
