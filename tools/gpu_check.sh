@@ -118,6 +118,11 @@ context_of() {
     if [[ $1 == *@* ]]; then echo "${n%%[!0-9]*}"; else echo 1024; fi
 }
 
+# The number of report $1's next line (1 if it does not exist yet): where a section starts.
+next_line() {
+    echo $(($([ -f "$1" ] && wc -l <"$1" || echo 0) + 1))
+}
+
 # tools/layer_path.py of build $1 over 15 steps at its context, appended to report $2.
 timeline() {
     timeout 90 python3 tools/layer_path.py "$1" --context "$(context_of "$1")" --steps 16 \
@@ -131,7 +136,7 @@ ab() {
         name=$(basename "${old%-old}")
         context=$(context_of "$name")
         pairs=$((pairs + 1))
-        from=$(($([ -f "$report" ] && wc -l <"$report" || echo 0) + 1))  # this pair's lines
+        from=$(next_line "$report")  # this pair's lines
         for build in old new; do
             echo "== $name-$build: layer_path" >>"$report"
             timeline ".out/ab/$name-$build" "$report"
@@ -148,14 +153,14 @@ ab() {
 
 paths() {
     local build from report=$out/paths.txt
+    [ -d .out/ab ] || { echo "paths: no .out/ab"; return; }
     for build in .out/ab/*/; do
         build=${build%/}
-        from=$(($([ -f "$report" ] && wc -l <"$report" || echo 0) + 1))  # this build's lines
+        from=$(next_line "$report")  # this build's lines
         echo "== $build" | tee -a "$report"
         timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
         tail -n "+$from" "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
     done
-    [ -d .out/ab ] || echo "paths: no .out/ab"
 }
 
 for stage in "${stages[@]}"; do

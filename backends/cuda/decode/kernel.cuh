@@ -91,7 +91,7 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
       }
       if (signal) signal_done(p, t);
       else compute_sync();  // no thread still takes a page (and holds copies) past the lift
-      if (ct == SIGNAL_THREAD) atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 0);  // after the signal
+      if (ct == SIGNAL_THREAD) lift_hold(s);  // after the signal
 #if MLA
       if (t[F_OPCODE] == OP_MLA_ATTENTION) mla_release_page(s, consumed, opaque(ct));  // after the signal
 #endif

@@ -51,6 +51,7 @@ __device__ void write_best(const Params& p, Shared& s, const int* t, float best,
 __device__ __forceinline__ void hold_copies(Shared& s) {
   if ((threadIdx.x & 31) == 0) atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 1);
 }
+__device__ __forceinline__ void lift_hold(Shared& s) { atomicExch(const_cast<int*>(&s.flags[FLAG_HOLD]), 0); }
 
 // A task's pages of `rows` rows (`per_page` a page) that are this page group's (the loader deals
 // a task's pages to the groups in turn), each waited for, read by `body(page, r, n)` (its first
