@@ -100,7 +100,7 @@ __device__ uint8_t* claim_page(const Params& p, Shared& s, uint32_t issued) {
   const int slot = issued % RING_PAGES;
   const uint32_t parity = ((issued / RING_PAGES) & 1) ^ 1;
   if (!ring_wait(p, &s.empty[slot], parity, &s.flags[0])) return nullptr;
-  while (atomicAdd(const_cast<int*>(&s.flags[FLAG_HOLD]), 0) != 0)  // pages.cuh: hold_copies
+  while (s.flags[FLAG_HOLD] != 0)  // pages.cuh: hold_copies (a volatile read, as the other flags)
     if (quit_seen(&s.flags[0])) return nullptr;
   // The compute warps' reads of the slot's last page (generic proxy) come before this copy's
   // writes (async proxy).
