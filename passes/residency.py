@@ -52,7 +52,10 @@ MLA_KSPLIT = 4  # warps sharing the k-steps of one tile of an MLA block's scores
 DSA_KEYS = 64  # index key rows a DSA indexer task stages, then scores, at a time
 FLAG_BYTES = 32
 TASK_SLOT = 64  # fields a task row's slot in shared memory holds (decode/kernel.cuh: run_compute)
-TASK_ROW_BYTES = 2 * TASK_SLOT * 4  # two slots: this task's row and the next's
+# task rows in shared memory: this task's, the next one's (copied in while this task waits for
+# its dependencies) and the one before's (which its signalling thread may still read)
+TASK_SLOTS = 3
+TASK_ROW_BYTES = TASK_SLOTS * TASK_SLOT * 4
 
 
 def smem_bytes(pages: int, page: int, vec_floats: int, acc_floats: int) -> int:

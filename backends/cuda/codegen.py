@@ -17,7 +17,14 @@ from pathlib import Path
 from tilertc.ir.sampling import K_MAX, candidate_slots, row_bits
 from tilertc.passes.fusion import FIXED_FRAC_BITS
 from tilertc.passes.program import Program, ScheduleError
-from tilertc.passes.residency import DSA_KEYS, FLAG_BYTES, MLA_KEYS, REDUCTION_FLOATS, TASK_SLOT
+from tilertc.passes.residency import (
+    DSA_KEYS,
+    FLAG_BYTES,
+    MLA_KEYS,
+    REDUCTION_FLOATS,
+    TASK_SLOT,
+    TASK_SLOTS,
+)
 from tilertc.passes.tiling import has_tiles, scale_cols
 
 # The device library: the parts of one translation unit, in the order the kernel's source
@@ -312,6 +319,7 @@ def constants(program: Program) -> dict[str, object]:
         "MISC_FLOATS": REDUCTION_FLOATS,
         "FLAG_WORDS": FLAG_BYTES // 4,
         "TASK_SLOT": TASK_SLOT,
+        "TASK_SLOTS": TASK_SLOTS,
         "HIDDEN": spec.hidden_size,
         "VOCAB": spec.vocab_size,
         **({"MAX_SEQ": seq} if mla else _gqa(attn.attrs, seq)),

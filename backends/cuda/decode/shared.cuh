@@ -10,7 +10,7 @@ struct Shared {
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
   volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode;
                          // [FLAG_HOLD] the loader's copies held (pages.cuh: hold_copies)
-  int* task;             // [2][TASK_SLOT]: compute's task rows, this task's and the next's (run_compute)
+  int* task;             // [TASK_SLOTS][TASK_SLOT]: compute's task rows (run_compute)
 };
 static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot (passes/residency.py)");
 
