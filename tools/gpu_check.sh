@@ -4,7 +4,7 @@
 #
 #   bash tools/gpu_check.sh [STAGE ...]
 #
-# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths (default: kernel, tests,
+# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe (default: kernel, tests,
 # sanitize, bench).
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
@@ -33,7 +33,11 @@
 #   paths     tools/layer_path.py of every build under .out/ab, whatever its name (e.g. ds-main,
 #             ds-vexp, ds-hold: several variants against one baseline), no bench: each table
 #             into $out/paths.txt, its MLA chain, MoE ops and the layer's end (± its standard
-#             error) to stdout (~20 s a build).
+#             error) to stdout (~20 s a build); a phase probe's build (below) is left out;
+#   probe     tools/phase_probe.py run of every build under .out/ab with the probe's marks (made
+#             here by `python tools/phase_probe.py build ART .out/ab/NAME --mark ...`), at its
+#             context (as ab's), for the ops of a layer (PROBE_OPS): the phases of each op's
+#             tasks into $out/probe.txt and to stdout (~10 s a build).
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
@@ -43,10 +47,28 @@ out=${OUT:-gpu-check}
 mkdir -p "$out"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
+# the ops of a MoE layer with MLA (layers folded); an op a build lacks prints no tasks
+PROBE_OPS=(attn_in_proj q_b_proj q_absorb dsa.score attention v_expand o_proj moe.router
+    ffn.shared_experts.gate_up_proj moe.gate_up moe.down_proj ffn.gate_up_proj ffn.down_proj)
+
+probe() {
+    local build from report=$out/probe.txt builds=0
+    for build in .out/ab/*/; do
+        build=${build%/}
+        [ -f "$build/phase_marks.json" ] || continue
+        builds=$((builds + 1))
+        from=$(next_line "$report")
+        timeout 120 python3 tools/phase_probe.py run "$build" --context "$(context_of "$build")" \
+            "${PROBE_OPS[@]/#/--op=}" >>"$report" 2>&1 || echo "  phase_probe failed (rc $?): $report"
+        tail -n "+$from" "$report"
+    done
+    [ $builds -gt 0 ] || echo "probe: no build with phase marks under .out/ab"
+}
+
 for stage in "${stages[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench | layers | ab | paths) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe)"; exit 2 ;;
     esac
 done
 
@@ -156,11 +178,30 @@ paths() {
     [ -d .out/ab ] || { echo "paths: no .out/ab"; return; }
     for build in .out/ab/*/; do
         build=${build%/}
+        [ -f "$build/phase_marks.json" ] && continue  # a probe's build: the probe stage's
         from=$(next_line "$report")  # this build's lines
         echo "== $build" | tee -a "$report"
         timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
         tail -n "+$from" "$report" | grep -E "^  (op |q_absorb|attention |v_expand|o_proj|moe\.|the layer)"
     done
+}
+
+# the ops of a MoE layer with MLA (layers folded); an op a build lacks prints no tasks
+PROBE_OPS=(attn_in_proj q_b_proj q_absorb dsa.score attention v_expand o_proj moe.router
+    ffn.shared_experts.gate_up_proj moe.gate_up moe.down_proj ffn.gate_up_proj ffn.down_proj)
+
+probe() {
+    local build from report=$out/probe.txt builds=0
+    for build in .out/ab/*/; do
+        build=${build%/}
+        [ -f "$build/phase_marks.json" ] || continue
+        builds=$((builds + 1))
+        from=$(next_line "$report")
+        timeout 120 python3 tools/phase_probe.py run "$build" --context "$(context_of "$build")" \
+            "${PROBE_OPS[@]/#/--op=}" >>"$report" 2>&1 || echo "  phase_probe failed (rc $?): $report"
+        tail -n "+$from" "$report"
+    done
+    [ $builds -gt 0 ] || echo "probe: no build with phase marks under .out/ab"
 }
 
 for stage in "${stages[@]}"; do
