@@ -47,24 +47,6 @@ out=${OUT:-gpu-check}
 mkdir -p "$out"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
-# the ops of a MoE layer with MLA (layers folded); an op a build lacks prints no tasks
-PROBE_OPS=(attn_in_proj q_b_proj q_absorb dsa.score attention v_expand o_proj moe.router
-    ffn.shared_experts.gate_up_proj moe.gate_up moe.down_proj ffn.gate_up_proj ffn.down_proj)
-
-probe() {
-    local build from report=$out/probe.txt builds=0
-    for build in .out/ab/*/; do
-        build=${build%/}
-        [ -f "$build/phase_marks.json" ] || continue
-        builds=$((builds + 1))
-        from=$(next_line "$report")
-        timeout 120 python3 tools/phase_probe.py run "$build" --context "$(context_of "$build")" \
-            "${PROBE_OPS[@]/#/--op=}" >>"$report" 2>&1 || echo "  phase_probe failed (rc $?): $report"
-        tail -n "+$from" "$report"
-    done
-    [ $builds -gt 0 ] || echo "probe: no build with phase marks under .out/ab"
-}
-
 for stage in "${stages[@]}"; do
     case $stage in
         kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe) ;;
