@@ -114,7 +114,7 @@ def dsa_staged_floats(heads: int, dim: int) -> int:
 def _staged_floats(program: Program) -> int:
     """Shared memory (fp32) the MLA and DSA tasks stage: a head_matvec the inputs of the heads
     its rows span (v expansion, which merges them, also each chunk's factor per head; FP8
-    rows then their bf16 parts); an MLA chunk see `mla_staged_floats`; a DSA chunk see
+    rows then their e4m3 digits); an MLA chunk see `mla_staged_floats`; a DSA chunk see
     `dsa_staged_floats`."""
     g = program.graph
     need = [0]
@@ -123,9 +123,12 @@ def _staged_floats(program: Program) -> int:
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
             chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
-            # FP8 rows: after the merge, each head's x also as three bf16 parts and a zero one
-            # (decode/matvec.cuh: head_rows_mma, which long rows take; counted for all, a few KB)
-            per_head = max(a["K"] + chunks, 3 * a["K"] if is_fp8_rows(program, g.op(t.op)) else 0)
+            # FP8 rows: after the merge, each head's x also as 4 e4m3 digits a column in rows
+            # padded by 16 bytes, and a factor per scale block of at least 32 columns
+            # (decode/matvec.cuh: head_rows_fp8; counted for all, a few KB)
+            k = a["K"]
+            digits = 2 * k + 16 + k // 32 if is_fp8_rows(program, g.op(t.op)) else 0
+            per_head = max(k + chunks, digits)
             need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
     for op in g.ops():
         a = op.attrs

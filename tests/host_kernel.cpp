@@ -285,21 +285,22 @@ static inline uint8_t* claim_page(const P&, S& s, uint32_t issued) { return s.ri
 static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
 static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
 #if MLA
-// The tensor cores' mma.m16n8k16 with f32 accumulation (decode/ptx.cuh: mma_bf16_16816 for MLA
-// attention, inline PTX there). The mma gathers the warp's 32 lanes' fragments through a
-// per-warp buffer between two barriers and computes each lane's D = A * B + D in float,
-// reading A and B back out of the fragments as the PTX ISA lays out m16n8k16 .bf16 (group g =
-// lane / 4, q = lane % 4: A's a0 row g, k 2q, 2q+1; a1 row g+8; a2 row g, k 2q+8, 2q+9; a3 row
-// g+8, k 2q+8..; B's b0 k 2q, 2q+1 of column g, b1 k 2q+8, 2q+9; D's d0, d1 row g, columns 2q,
-// 2q+1, d2, d3 row g+8), each bf16 value converted exactly to a float.
+// The tensor cores' mma.m16n8kK with f32 accumulation (decode/ptx.cuh: mma_bf16_16816 for MLA
+// attention, K = 16, and mma_e4m3_16832 for MLA's FP8 head rows, K = 32; inline PTX there). The
+// mma gathers the warp's 32 lanes' fragments through a per-warp buffer between two barriers and
+// computes each lane's D = A * B + D, the products summed in double, reading A and B back out of
+// the fragments as the PTX ISA lays out m16n8k16 .bf16 and m16n8k32 8-bit operands: a register
+// holds V = K / 8 consecutive k, the lower k in the lower bits (group g = lane / 4, q = lane % 4:
+// A's a0 row g, k V q .. V q + V - 1; a1 row g+8; a2, a3 the same rows at k + K / 2; B's b0 those
+// k of column g, b1 k + K / 2; D's d0, d1 row g, columns 2q, 2q+1, d2, d3 row g+8); `value(reg,
+// v)` is value v of a register, converted exactly.
 struct MmaFragments {
   uint32_t a[32][4], b[32][2];
 };
 static MmaFragments mma_buf[COMPUTE_WARPS];
-static inline float half_of(uint32_t reg, int k) {
-  return __bfloat162float(static_cast<__nv_bfloat16>(reg >> (16 * (k & 1))));
-}
-static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+template <int K, class Value>
+static void mma_m16n8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, Value value) {
+  constexpr int V = K / 8;
   const int warp = tl_ct >> 5, lane = tl_ct & 31, g = lane / 4, q = lane % 4;
   MmaFragments& f = mma_buf[warp];
   std::memcpy(f.a[lane], a, sizeof f.a[lane]);
@@ -308,14 +309,26 @@ static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
   warps[warp].bar.arrive_and_wait();
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
-    float sum = d[i];
-    for (int k = 0; k < 16; ++k)
-      sum += half_of(f.a[(row % 8) * 4 + (k % 8) / 2][(row >= 8) + 2 * (k >= 8)], k) *
-             half_of(f.b[n * 4 + (k % 8) / 2][k >= 8], k);
-    d[i] = sum;
+    double sum = d[i];
+    for (int k = 0; k < K; ++k) {
+      const int at = (k % (K / 2)) / V, high = k >= K / 2;
+      sum += value(f.a[(row % 8) * 4 + at][(row >= 8) + 2 * high], k % V) * value(f.b[n * 4 + at][high], k % V);
+    }
+    d[i] = static_cast<float>(sum);
   }
   warps[warp].bar.arrive_and_wait();  // nobody overwrites the fragments before every lane has read them
 }
+static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma_m16n8<16>(d, a, b0, b1, [](uint32_t reg, int v) {
+    return static_cast<double>(__bfloat162float(static_cast<__nv_bfloat16>(reg >> (16 * v))));
+  });
+}
+#if WEIGHT_FP8
+static void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  mma_m16n8<32>(d, a, b0, b1,
+                [](uint32_t reg, int v) { return static_cast<double>(e4m3_value((reg >> (8 * v)) & 0xffu)); });
+}
+#endif
 #endif
 #if FP8_MMA
 // The tensor cores' wgmma (decode/ptx.cuh: smem_desc, Wgmma<N>::mma and its fences, inline
@@ -347,6 +360,8 @@ template <int N> struct Wgmma {  // m64nNk32, e4m3 in, f32 out
 static inline void wgmma_fence() {}
 static inline void wgmma_commit() {}
 static inline void wgmma_wait_all() {}
+#endif
+#if FP8_MMA || (MLA && WEIGHT_FP8)  // the digits' helpers (decode/tile_digits.cuh)
 static inline uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {  // byte i: byte s[4i..4i+2] of b:a, s[4i+3]: its sign
   const uint64_t v = static_cast<uint64_t>(b) << 32 | a;
   uint32_t r = 0;

@@ -20,7 +20,7 @@ import test_mla_kernel
 import torch
 from test_cuda_kernel import VARIANTS
 from test_fp8_kernel import needs_nvcc
-from test_mla_kernel import assert_step_matches, random_host_step, small
+from test_mla_kernel import DIGITS_REL, assert_step_matches, random_host_step, small
 
 import tilertc
 from tilertc.backends.cuda import codegen, encode
@@ -162,10 +162,6 @@ def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it(
 
 
 PARTS = ("attn_out", "x.attn", "x.ffn")
-# The digits hold x to 2^-17 of its 128-column block's largest |x| (a 16-bit fixed point per
-# block), so a row sum is off by up to ~1e-4 of its size where x's blocks are peaky; 5e-4 is the
-# step test's tolerance here (the CUDA-core path's, 1e-4, is for float32 x).
-DIGITS_REL = 5e-4
 DENSE = {("norm_matvec", 1, 8), ("norm_matvec", 2, 8), ("matvec_add", 1, 8)}
 DENSE4 = {("norm_matvec", 1, 4), ("norm_matvec", 2, 4), ("matvec_add", 1, 4), ("matvec_add", 1, 8)}
 # (spec, overrides, target, tasks on the tensor cores): the dense spec on the H200 (tasks of

@@ -251,25 +251,29 @@ WIDE = {"num_attention_heads": 32, "num_key_value_heads": 32, "q_lora_rank": Non
 # 8-column steps, one scale per 8 columns) on 5 SMs.
 STEPS = [
     ("bf16", {}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True,
-                              "groups": 1}),
+                              "groups": 1}, False),
     ("bf16", {}, small("h200-5", 5), 200, {"heads_per_task": 2, "key_blocks": 2,
-                                            "empty_chunks": False, "groups": 1}),
+                                            "empty_chunks": False, "groups": 1}, False),
     ("bf16", WIDE, small("h200-7", 7), 200, {"heads_per_task": 6, "key_blocks": 3,
-                                             "empty_chunks": False, "groups": 2}),
+                                             "empty_chunks": False, "groups": 2}, False),
     ("fp8", {}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True,
-                             "groups": 1}),
+                             "groups": 1}, False),
     ("fp8", WIDE, small("h200-7", 7), 200, {"heads_per_task": 6, "key_blocks": 3,
-                                            "empty_chunks": False, "groups": 2}),
+                                            "empty_chunks": False, "groups": 2}, True),
     ("fp8", {"num_attention_heads": 8, "num_key_value_heads": 8, "v_head_dim": 24},
      small("h200-5", 5), 100, {"heads_per_task": 3, "key_blocks": 1, "empty_chunks": False,
-                               "groups": 1}),
-    # v expansion rows past short rows, on the tensor cores (decode/matvec.cuh: head_rows_mma): one
-    # row a task, its k-steps split in two (the q absorption's tasks straddle two heads, its first
-    # taking half a share); then 73-row tasks of 6 heads, the last scale block partial
+                               "groups": 1}, False),
+    # FP8 head rows on the tensor cores, x as digits (decode/matvec.cuh: head_rows_fp8): v
+    # expansion rows of 512, one row a task, its blocks split in two (the q absorption's tasks
+    # straddle two heads, its first taking half a share); 73-row tasks of 6 heads, the last scale
+    # block partial; q absorption rows of 32 (scales per 64 of kv_b's rows, 2 heads a block)
+    # beside v expansion rows of 128 on 5 SMs
     ("fp8", {"kv_lora_rank": 512}, "h200", 20, {"heads_per_task": 2, "key_blocks": 1,
-                                                "empty_chunks": True, "groups": 1}),
+                                                "empty_chunks": True, "groups": 1}, True),
     ("fp8", {**WIDE, "kv_lora_rank": 320}, small("h200-7", 7), 200,
-     {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}),
+     {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}, True),
+    ("fp8", {"kv_lora_rank": 128, "qk_nope_head_dim": 32, "v_head_dim": 32}, small("h200-5", 5),
+     100, {"heads_per_task": 2, "key_blocks": 1, "empty_chunks": False, "groups": 1}, True),
 ]
 
 
@@ -316,6 +320,29 @@ def random_host_step(tmp: Path, spec: ModelSpec, target: Any, prefill: int,
     prompt = torch.randint(0, spec.vocab_size, (prefill,), generator=gen)
     token = int(torch.randint(0, spec.vocab_size, (1,), generator=gen))
     return program, *host_step(tmp, program, weights, prompt, token)
+
+
+# The digits of an FP8 tile task's input, or of an FP8 head_matvec's (decode/matvec.cuh:
+# head_rows_fp8), hold x to 2^-17 of its block's largest |x| (a 16-bit fixed point per block), so
+# a row sum is off by up to ~1e-4 of its size where x's blocks are peaky; 5e-4 is the step test's
+# tolerance there (the CUDA-core path's, 1e-4, is for float32 x).
+DIGITS_REL = 5e-4
+
+
+def head_rows_on_digits(program: Program) -> bool:
+    """Whether an FP8 head_matvec task runs on the tensor cores with its x as digits: its rows and
+    their scale blocks (the narrower of 4 << scale_shift and the row; the last may be partial)
+    whole 32-column steps, at most 128 columns a block (decode/matvec.cuh: head_rows_on_mma)."""
+    names = encode.fields(program)
+    col = {n: i for i, n in enumerate(names)}
+    if "scale_shift" not in col:
+        return False
+    for row in encode.encode(program)[0]:
+        k, span = int(row[col["k"]]), min(4 << int(row[col["scale_shift"]]), int(row[col["k"]]))
+        if (int(row[col["opcode"]]) == OPCODES["head_matvec"] and k % 32 == 0 and span % 32 == 0
+                and span <= 128):
+            return True
+    return False
 
 
 def assert_step_matches(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tensor],
@@ -390,10 +417,11 @@ def rank_buffers(m: dict[str, Any], d: Path) -> dict[str, torch.Tensor]:
     return {name: buffer_values(arena[b["arena"]], b) for name, b in m["buffers"].items()}
 
 
-@pytest.mark.parametrize("dtype, overrides, target, prefill, covers", STEPS)
+@pytest.mark.parametrize("dtype, overrides, target, prefill, covers, digits", STEPS)
 def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str, overrides: dict,
                                                      target: Any, prefill: int,
-                                                     covers: dict[str, object]) -> None:
+                                                     covers: dict[str, object],
+                                                     digits: bool) -> None:
     """One decode step of the device library's own code (embed, the norm_matvec / head_matvec /
     mla_attention / matvec_add tasks of every layer, lm_head and the greedy sampler) from the
     task table, packed weights and arenas, against the interpreter (bf16 cache like the
@@ -403,8 +431,10 @@ def test_kernel_step_on_the_host_is_the_interpreters(tmp_path: Path, dtype: str,
     spec = with_weight_dtype(mla_tiny(**overrides), dtype)
     program, got_tok, bufs, env, m = random_host_step(tmp_path, spec, target, prefill)
     assert coverage(program, prefill) == covers
+    assert head_rows_on_digits(program) == digits
     assert_step_matches(bufs, env, got_tok, spec.num_layers,
-                        ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"))
+                        ("q_latent", "o_latent", "attn_out", "x.attn", "x.ffn"),
+                        DIGITS_REL if digits else 1e-4)
     width = m["kv_cache"]["width"]
     for layer in range(spec.num_layers):
         cache = f"layers.{layer}.kv_latent_cache"
@@ -462,6 +492,27 @@ def test_short_rows_summed_over_half_their_lanes_fail_the_step(
                                                 small("h200-5", 5), 100)
     with pytest.raises(AssertionError, match="q_latent: max difference"):
         assert_step_matches(bufs, env, got_tok, spec.num_layers, ("q_latent",))
+
+
+# The negative controls of head_rows_fp8 (FP8 head rows on the tensor cores, x as digits): a row
+# summed over every lane's columns (those of the head after its own too), and B's k halves swapped
+# (a k32 step's words 0-3 and 4-7 of x against the rows' own), each of which must fail the step.
+DIGIT_ROWS = "head_input.head(r + min(i, n - 1)) - first == q / 2 ? y[h] : 0.f"
+BROKEN_HEAD_ROWS = {
+    "every lane's columns summed": (DIGIT_ROWS, "y[h]"),
+    "B's k halves swapped": ("mma_e4m3_16832(d, a, x[w], x[w + 4]);",
+                             "mma_e4m3_16832(d, a, x[w + 4], x[w]);"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_HEAD_ROWS)
+def test_broken_fp8_head_rows_fail_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            broken: str) -> None:
+    spec = with_weight_dtype(mla_tiny(kv_lora_rank=128, qk_nope_head_dim=32, v_head_dim=32), "fp8")
+    _, got_tok, bufs, env, _ = broken_host_step(tmp_path, monkeypatch, *BROKEN_HEAD_ROWS[broken],
+                                                spec, small("h200-5", 5), 100)
+    with pytest.raises(AssertionError, match="q_latent: max difference"):
+        assert_step_matches(bufs, env, got_tok, spec.num_layers, ("q_latent",), DIGITS_REL)
 
 
 # -- on a GPU ----------------------------------------------------------------------------------

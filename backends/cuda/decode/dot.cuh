@@ -166,8 +166,8 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
   return y;
 }
 
-// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (MLA's q absorption: k = 128 in
-// DeepSeek-V3, 192 in GLM-5, where head_rows_mma measured slower; a small model's projection) is
+// A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (a small model's projection, or an
+// MLA head row that head_rows_fp8 cannot take: matvec.cuh) is
 // all latency in dot_groups: a group or two a lane, then a warp sum. A warp takes
 // SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row (lane l of the row:
 // groups l, l + SHORT_ROW_LANES, ..., in two sums), and sums over its row's lanes only; every lane

@@ -1,84 +1,86 @@
 // ---- compute: a matrix-vector task's pages and epilogue (its input: staging.cuh) ----------------
 #if MLA && WEIGHT_FP8
-// A head_matvec's FP8 rows longer than short rows (MLA's v expansion: each head's rows read its own
-// x) on the tensor cores, where its scales cover whole k-steps: on the CUDA cores a v expansion
-// page (124 rows of k = 512) took 4.7 µs of latency-bound dot products and warp sums, here 3.7
-// (H200, docs/performance.md, session 35). Short rows (the q absorption's, k = 128 or 192) stay
-// with dot_short_row: a page of 462 took 3.4 µs here against 2.7. The task's heads' x are first
-// split into three bf16 parts (hi, mid, lo: x's 24 significand bits, so that the products are
-// fp32's as on the CUDA cores), kept after the inputs as [head][part][k] with a zero fourth part. A
-// warp then takes an m-tile of 16 rows (with few m-tiles, half of its k-steps, the halves added in
-// s.acc): A the rows' e4m3 values as bf16 (exact), B of 8 columns the tile's x parts, its first
-// row's head in columns 0, 2, 4 and the head after it in 1, 3, 5 where the tile runs into it (a
-// page spans at most two heads: its rows are fewer than a head's), zero in 6, 7; each row takes its
-// own head's columns. A scale block's k-steps go into D, which is then scaled and added up per row.
+// A head_matvec's FP8 rows (MLA's q absorption, k = 128 or 192, and v expansion, k = 512: each
+// head's rows read their own x) on the tensor cores in e4m3 (mma.m16n8k32), where the rows and
+// their scale blocks are whole k32 steps (the last block may be partial): the weights go in as
+// they lie in the page, and x as TILE_DIGITS e4m3 digits per column (tile_digits.cuh: x's 16-bit
+// fixed point per scale block, as the FP8 tiles take it). Converting each weight to bf16 for mma.m16n8k16 (x as three bf16
+// parts) or multiplying on the CUDA cores made these pages instruction-bound: ~4.4 us a page of
+// q absorption (462 rows of k = 128) or v expansion (124 of k = 512) where the FP8 tiles take
+// ~1.5 for as many bytes (H100, docs/performance.md, session 58).
+//
+// The task's heads' digits go after their inputs, [head][digit][k + 16] bytes (the 16 keep a
+// B fragment's 8 columns on distinct banks), then a factor 2^(E + 5) per head and block. A warp
+// takes an m-tile of 16 rows (with few m-tiles, half of its blocks, the halves added in s.acc):
+// A the rows' bytes, B of 8 columns the digits of the tile's first row's head (columns 0-3) and
+// of the head after it (4-7) where the tile runs into it (a tile of 16 rows spans at most two
+// heads). A block's k32 steps go into D, whose columns (digits) a lane then weighs, times the
+// row's scale and its head's factor, for the rows of the head its columns belong to.
 __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
-  return t[F_OPCODE] == OP_HEAD_MATVEC && 2 * k8 > SHORT_ROW_GROUPS && (4 << scale_shift) % 16 == 0 &&
-         (8 * k8) % 16 == 0;
+  const int k = 8 * k8, span = min(4 << scale_shift, k);  // a block may be wider than the row
+  return t[F_OPCODE] == OP_HEAD_MATVEC && k % 32 == 0 && span % 32 == 0 && span <= 128;
 }
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint16_t v) {
-  const float2 f = e4m3x2_to_float2(v);
-  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-__device__ void head_rows_mma(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
+__device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
                               int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
   const HeadInputs head_input = head_inputs(t);
-  const int k = 8 * k8, block = 4 << scale_shift, g = lane >> 2, q = lane & 3;
-  const int heads = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1 - t[F_ROW0] / t[F_HEAD_ROWS];
-  __nv_bfloat16* parts = reinterpret_cast<__nv_bfloat16*>(s.vec + heads * k);  // [heads][4][k]
-  for (int i = (group * GROUP_WARPS + gw) * 32 + lane; i < heads * k; i += NT) {
-    __nv_bfloat16* out = parts + i / k * 4 * k + i % k;
-    float v = s.vec[i];  // the heads' inputs lie k apart
-    for (int part = 0; part < 3; ++part) {
-      out[part * k] = __float2bfloat16(v);
-      v -= __bfloat162float(out[part * k]);
+  const int k = 8 * k8, block = 4 << scale_shift, span = min(block, k), blocks = (k + span - 1) / span;
+  const int g = lane >> 2, q = lane & 3;
+  const int heads = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1 - t[F_ROW0] / t[F_HEAD_ROWS], stride = k + 16;
+  uint8_t* digits = reinterpret_cast<uint8_t*>(s.vec + heads * k);
+  float* factor = reinterpret_cast<float*>(digits + heads * TILE_DIGITS * stride);  // [head][block]
+  // a warp a (head, block) at a time, a lane 4 columns of it
+  for (int item = group * GROUP_WARPS + gw; item < heads * blocks; item += COMPUTE_WARPS) {
+    const int h = item / blocks, c = item % blocks * span + 4 * lane;
+    const bool mine = 4 * lane < span && c < k;
+    const float4 x = mine ? *reinterpret_cast<const float4*>(s.vec + h * k + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const int E = block_exponent(m);
+    if (mine) {
+      const FixedColumns f = fixed_columns(x, E);
+#pragma unroll
+      for (int n = 0; n < TILE_DIGITS; ++n)
+        *reinterpret_cast<uint32_t*>(digits + (h * TILE_DIGITS + n) * stride + c) = digit_word(f, n);
     }
-    out[3 * k] = __float2bfloat16(0.f);
+    if (lane == 0) factor[item] = block_factor(E);
   }
   compute_sync();
+  // lane q's D columns 2q, 2q + 1: digits 2 (q % 2) and + 1 of the tile's head q / 2
+  const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
-    const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && k % (2 * block) == 0 ? 2 : 1;
+    const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && blocks % 2 == 0 ? 2 : 1;
     for (int item = gw; item < tiles * split; item += GROUP_WARPS) {
-      const int m0 = 16 * (item / split), kb0 = item % split * (k / split);
+      const int m0 = 16 * (item / split), b0 = item % split * (blocks / split);
       const int i0 = min(m0 + g, n - 1), i1 = min(m0 + g + 8, n - 1);  // past the page: repeats, unstored
-      const uint8_t* w0 = page + i0 * rb;
-      const uint8_t* w1 = page + i1 * rb;
-      const int first = head_input(r + m0), next = head_input(r + min(m0 + 15, n - 1));
-      const __nv_bfloat16* x = parts + ((g & 1 ? next : first) / k * 4 + min(g >> 1, 3)) * k + 2 * q;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int kb = kb0; kb < kb0 + k / split; kb += block) {
+      const uint32_t* w0 = reinterpret_cast<const uint32_t*>(page + i0 * rb) + q;
+      const uint32_t* w1 = reinterpret_cast<const uint32_t*>(page + i1 * rb) + q;
+      const int first = head_input.head(r + m0), next = head_input.head(r + min(m0 + 15, n - 1));
+      const uint32_t* x = reinterpret_cast<const uint32_t*>(digits + ((g < 4 ? first : next) * TILE_DIGITS + g % 4) * stride) + q;
+      const float* xf = factor + (q < 2 ? first : next) * blocks;  // this lane's D columns' head
+      float y[2] = {0.f, 0.f};  // rows g and g + 8
+      for (int b = b0; b < b0 + blocks / split; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-        for (int k0 = kb; k0 < min(kb + block, k); k0 += 16) {  // a block may be wider than the row
-          const int c = k0 + 2 * q;
-          const uint32_t a[4] = {e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c)),
-                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c)),
-                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w0 + c + 8)),
-                                 e4m3x2_to_bf16x2(*reinterpret_cast<const uint16_t*>(w1 + c + 8))};
-          mma_bf16_16816(d, a, *reinterpret_cast<const uint32_t*>(x + k0),
-                         *reinterpret_cast<const uint32_t*>(x + k0 + 8));
+#pragma unroll 1  // (unrolled, the DeepSeek-V3.2 kernels spilled registers)
+        for (int w = b * span / 4; w < min((b + 1) * span, k) / 4; w += 8) {  // a k32 step: 8 words of a row
+          const uint32_t a[4] = {w0[w], w1[w], w0[w + 4], w1[w + 4]};
+          mma_e4m3_16832(d, a, x[w], x[w + 4]);
         }
-        const float s0 = reinterpret_cast<const float*>(w0 + k)[kb / block];
-        const float s1 = reinterpret_cast<const float*>(w1 + k)[kb / block];
-        y[0] = fmaf(d[0], s0, y[0]);
-        y[1] = fmaf(d[1], s0, y[1]);
-        y[2] = fmaf(d[2], s1, y[2]);
-        y[3] = fmaf(d[3], s1, y[3]);
+        const int sb = b * span / block;
+        const float s0 = reinterpret_cast<const float*>(page + i0 * rb + k)[sb];
+        const float s1 = reinterpret_cast<const float*>(page + i1 * rb + k)[sb];
+        y[0] = fmaf(fmaf(d[0], f0, d[1] * f1), s0 * xf[b], y[0]);
+        y[1] = fmaf(fmaf(d[2], f0, d[3] * f1), s1 * xf[b], y[1]);
       }
-      // lanes q = 0, 1, 2 hold columns 0, 1 (hi), 2, 3 (mid), 4, 5 (lo) of rows g and g + 8, q = 3
-      // the zero columns 6, 7: (hi + mid) + lo in lane q = 0
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 1);
-        y[j] += __shfl_xor_sync(0xffffffffu, y[j], 2);
-      }
-      for (int h = 0; h < 2; ++h) {  // rows g and g + 8; two halves add up alike in either order
+      for (int h = 0; h < 2; ++h) {  // rows g and g + 8: the lanes of the row's own head
         const int i = m0 + g + 8 * h;
-        const float v = head_input(r + i) == first ? y[2 * h] : y[2 * h + 1];
+        float v = head_input.head(r + min(i, n - 1)) - first == q / 2 ? y[h] : 0.f;  // (next may be first)
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
         if (q != 0 || i >= n) continue;
         if (split == 1) s.acc[r + i] = v;
-        else atomicAdd(&s.acc[r + i], v);
+        else atomicAdd(&s.acc[r + i], v);  // two halves add up alike in either order
       }
     }
   });
@@ -104,7 +106,7 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #endif
 #if MLA && WEIGHT_FP8
   if (fp8 && head_rows_on_mma(t, k8, scale_shift)) {
-    head_rows_mma(p, s, t, rows, rb, rpp, k8, scale_shift, consumed, lane, group, gw);
+    head_rows_fp8(p, s, t, rows, rb, rpp, k8, scale_shift, consumed, lane, group, gw);
     return;
   }
 #endif
@@ -125,7 +127,9 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
 #if WEIGHT_FP8
   // Whole FP8 rows are taken two at a time by a warp when a page has more rows than the group has
   // warps: a row's time is mostly latency (its loads, then a warp sum), which the pair's two rows
-  // share; one at a time, a MLA q absorption row (k = 128) took ~0.4 µs of a warp's time.
+  // share; one at a time, a MLA q absorption row (k = 128) took ~0.4 µs of a warp's time. Not in
+  // an MLA kernel: its FP8 rows (the head rows) run on the tensor cores (head_rows_fp8) but in odd
+  // shapes, and the pairs' registers made the DeepSeek-V3.2 and GLM-5 kernels spill.
 #if MOE
   const bool whole_rows = fp8 && halves == 1 && !down;
 #else
@@ -149,6 +153,8 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
       }
       return;
     }
+#endif
+#if WEIGHT_FP8 && !MLA
     const int per_warp = whole_rows && wpr == 1 && n > GROUP_WARPS ? 2 : 1;
 #else
     constexpr int per_warp = 1;

@@ -103,6 +103,8 @@ template <> struct Wgmma<16> {
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+#endif
+#if FP8_MMA || (MLA && WEIGHT_FP8)
 // prmt.b32: byte i of the result is byte s[4 i .. 4 i + 2] of b:a, or with s[4 i + 3] set that
 // byte's sign bit in all 8 bits (which __byte_perm leaves out). The host harness has its own.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t s) {
@@ -124,6 +126,18 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+#if WEIGHT_FP8
+// MLA's FP8 head rows (matvec.cuh: head_rows_fp8); the host harness defines its own. D = A * B +
+// D, e4m3 in: A 16x32 (4 registers of 4 values, the lower k in the low byte), B 32x8 (2), D 16x8
+// f32, the PTX ISA's mma.m16n8k32 fragments (a0 row g, k 4q .. 4q + 3; a1 row g + 8; a2, a3 the
+// same rows at k + 16; b0 column g, k 4q .. 4q + 3, b1 k + 16; D as mma_bf16_16816's).
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
 #endif
 // 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
 // copies a thread has issued complete by its cp_async_wait_all.

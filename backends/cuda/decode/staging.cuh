@@ -16,7 +16,8 @@
 // rows: 5.9 us with those reads, 5.4 without; H200, docs/performance.md).
 struct HeadInputs {
   int row0, first, head_rows, k;  // k = 0: every row reads the one input
-  __device__ __forceinline__ int operator()(int i) const { return k ? ((row0 + i) / head_rows - first) * k : 0; }
+  __device__ __forceinline__ int operator()(int i) const { return k ? head(i) * k : 0; }
+  __device__ __forceinline__ int head(int i) const { return (row0 + i) / head_rows - first; }  // the task's own count
 };
 __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
   if (t[F_OPCODE] != OP_HEAD_MATVEC) return {0, 0, 1, 0};

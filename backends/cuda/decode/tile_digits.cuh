@@ -10,13 +10,17 @@
 // the input as TILE_DIGITS e4m3 digits per column (stage_digits), N = 4 S columns, so that
 // D[m][4 j' + t] is row m's dot with digit t of segment j' of x; a row's sum takes its own
 // segment's (j' = j).
-constexpr int TILE_M = 64, TILE_DIGITS = 4;
+constexpr int TILE_M = 64;
 static_assert(FP8_BLOCK_COLS == 128, "a scale block is 4 k32 steps");
+#endif  // FP8_MMA
 
-// Digits of x (stage_digits): a 128-column block with max |x| < 2^E scales to the 16-bit fixed
-// point M = rint(|x| 2^(16 - E)) (exact to 2^-17 of the block's largest |x|); digit t is nibble
-// t of M, most significant first, with x's sign: an e4m3 byte whose value is n 2^-9 for nibble
-// n, so that x = sum_t digit_t 2^(E + 5 - 4 t).
+#if FP8_MMA || (MLA && WEIGHT_FP8)  // MLA's FP8 head rows take x as digits too (matvec.cuh)
+constexpr int TILE_DIGITS = 4;  // e4m3 digits of an input value
+// Digits of x (stage_digits; MLA's head rows: head_rows_fp8): a block of columns (128, or a head
+// row's scale block) with max |x| < 2^E scales to the 16-bit fixed point M = rint(|x| 2^(16 - E))
+// (exact to 2^-17 of the block's largest |x|); digit t is nibble t of M, most significant first,
+// with x's sign: an e4m3 byte whose value is n 2^-9 for nibble n, so that
+// x = sum_t digit_t 2^(E + 5 - 4 t).
 __device__ __forceinline__ int block_exponent(float amax) {  // the least E with amax < 2^E; a zero block: -100
   return max(((__float_as_int(amax) >> 23) & 0xff) - 126, -100);
 }
@@ -44,7 +48,14 @@ __device__ __forceinline__ FixedColumns fixed_columns(const float4& x, int E) {
   return {m01 & 0x0f0f0f0fu, (m01 >> 4) & 0x0f0f0f0fu, m23 & 0x0f0f0f0fu, (m23 >> 4) & 0x0f0f0f0fu,
           __byte_perm(s01, s23, 0x5410)};
 }
+// Digit n (nibble 3 - n of M, hi words for even n) of the 4 columns, signed: an e4m3 byte each
+__device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int n) {
+  const uint32_t word = prmt(n % 2 ? f.lo01 : f.hi01, n % 2 ? f.lo23 : f.hi23, n & 2 ? 0x6420 : 0x7531);
+  return word | (f.sign & 0x80808080u);
+}
+#endif
 
+#if FP8_MMA
 // Stages an FP8 tile task's input as B, in place of stage_vector's fp32 copy (with the norm
 // weight and 1/rms as there): per 16 columns of a segment (a chunk), 64 S bytes holding column
 // n = 4 j + t (segment j's digit t) at 16 n, k in a row (K-major core matrices: a k32 step's B
@@ -136,10 +147,8 @@ __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
     for (int u = 0; u < 4; ++u) {
       const FixedColumns f = fixed_columns(a[u], E);
 #pragma unroll
-      for (int n = 0; n < TILE_DIGITS; ++n) {  // digit n: nibble 3 - n, in hi (n even) or lo
-        const uint32_t word = prmt(n % 2 ? f.lo01 : f.hi01, n % 2 ? f.lo23 : f.hi23, n & 2 ? 0x6420 : 0x7531);
-        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = word | (f.sign & 0x80808080u);
-      }
+      for (int n = 0; n < TILE_DIGITS; ++n)
+        *reinterpret_cast<uint32_t*>(ch.at + 16 * n + 4 * quarter(u)) = digit_word(f, n);
     }
     if (c == 0) factor[ch.blk] *= block_factor(E);
   }
