@@ -7,6 +7,9 @@
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -o mma_rate_bench tools/mma_rate_bench.cu
 //   ./mma_rate_bench   # on the GPU
+//
+// H100 (session 58): e4m3 17.1 cycles an mma a warp with 16 warps, f16 / bf16 24.1: the e4m3 step
+// (twice the k) runs at ~94 % of the SM's FP8 rate, so the head rows' pages are not mma-bound.
 #include <cstdio>
 #include <cstdint>
 __device__ __forceinline__ void e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
