@@ -4,8 +4,8 @@
 #
 #   bash tools/gpu_check.sh [STAGE ...]
 #
-# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe (default: kernel, tests,
-# sanitize, bench).
+# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream (default:
+# kernel, tests, sanitize, bench).
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
 #   kernel    the `gpu` tests of tests/test_cuda_kernel.py but the full-size and tensor-parallel
@@ -33,11 +33,15 @@
 #   paths     tools/layer_path.py of every build under .out/ab, whatever its name (e.g. ds-main,
 #             ds-vexp, ds-hold: several variants against one baseline), no bench: each table
 #             into $out/paths.txt, its MLA chain, MoE ops and the layer's end (± its standard
-#             error) to stdout (~20 s a build); a phase probe's build (below) is left out;
+#             error) to stdout (~20 s a build); a probe stage's build (below) is left out;
 #   probe     tools/phase_probe.py run of every build under .out/ab with the probe's marks (made
 #             here by `python tools/phase_probe.py build ART .out/ab/NAME --mark ...`), at its
 #             context (as ab's), for the ops of a layer (PROBE_OPS): the phases of each op's
-#             tasks into $out/probe.txt and to stdout (~10 s a build).
+#             tasks into $out/probe.txt and to stdout (~10 s a build);
+#   stream    tools/stream_probe.py run of every stream probe build under .out/ab (made here by
+#             `python tools/stream_probe.py build ART .out/ab/NAME [--pages N]`), at its context:
+#             per op, staging, pages a task, a page's compute as compute thread 0 sees it, the
+#             waits for pages, into $out/stream.txt and to stdout.
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
@@ -49,8 +53,8 @@ stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
 for stage in "${stages[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe | stream) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream)"; exit 2 ;;
     esac
 done
 
@@ -160,7 +164,7 @@ paths() {
     [ -d .out/ab ] || { echo "paths: no .out/ab"; return; }
     for build in .out/ab/*/; do
         build=${build%/}
-        [ -f "$build/phase_marks.json" ] && continue  # a probe's build: the probe stage's
+        { has_marks "$build" || is_stream_build "$build"; } && continue  # a probe stage's build
         from=$(next_line "$report")  # this build's lines
         echo "== $build" | tee -a "$report"
         timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
@@ -172,19 +176,30 @@ paths() {
 PROBE_OPS=(attn_in_proj q_b_proj q_absorb dsa.score attention v_expand o_proj moe.router
     ffn.shared_experts.gate_up_proj moe.gate_up moe.down_proj ffn.gate_up_proj ffn.down_proj)
 
-probe() {
-    local build from report=$out/probe.txt builds=0
+# A phase probe's build (tools/phase_probe.py build) and a stream probe's (tools/stream_probe.py
+# build: its kernel defines PROBE_PAGES) are the probe stages', which paths leaves out.
+has_marks() { [ -f "$1/phase_marks.json" ]; }
+is_stream_build() { grep -q '^#define PROBE_PAGES ' "$1/kernel.cu" 2>/dev/null; }
+
+# tools/$1.py run of every build under .out/ab that test $2 accepts, at its context (with the
+# arguments after $3), into $out/$3.txt and to stdout.
+probe_builds() {
+    local tool=$1 accepts=$2 name=$3 report=$out/$3.txt build from builds=0
+    shift 3
     for build in .out/ab/*/; do
         build=${build%/}
-        [ -f "$build/phase_marks.json" ] || continue
+        "$accepts" "$build" || continue
         builds=$((builds + 1))
         from=$(next_line "$report")
-        timeout 120 python3 tools/phase_probe.py run "$build" --context "$(context_of "$build")" \
-            "${PROBE_OPS[@]/#/--op=}" >>"$report" 2>&1 || echo "  phase_probe failed (rc $?): $report"
+        timeout 120 python3 "tools/$tool.py" run "$build" --context "$(context_of "$build")" "$@" \
+            >>"$report" 2>&1 || echo "  $tool failed (rc $?): $report"
         tail -n "+$from" "$report"
     done
-    [ $builds -gt 0 ] || echo "probe: no build with phase marks under .out/ab"
+    [ $builds -gt 0 ] || echo "$name: no $tool build under .out/ab"
 }
+
+probe() { probe_builds phase_probe has_marks probe "${PROBE_OPS[@]/#/--op=}"; }
+stream() { probe_builds stream_probe is_stream_build stream; }
 
 for stage in "${stages[@]}"; do
     "$stage"
