@@ -167,11 +167,10 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
 }
 
 // A whole FP8 row of at most SHORT_ROW_GROUPS 4-column groups (a small model's projection, or an
-// MLA head row that head_rows_fp8 cannot take: matvec.cuh) is
-// all latency in dot_groups: a group or two a lane, then a warp sum. A warp takes
-// SHORT_ROWS_PER_WARP of them at once instead, SHORT_ROW_LANES lanes a row (lane l of the row:
-// groups l, l + SHORT_ROW_LANES, ..., in two sums), and sums over its row's lanes only; every lane
-// gets its row's sum. A round of 4 groups is loaded before any is multiplied: a guard around each
+// MLA head row that head_rows_fp8 cannot take: matvec.cuh) is all latency in dot_groups: a group
+// or two a lane, then a warp sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead,
+// SHORT_ROW_LANES lanes a row (lane l of the row: groups l, l + SHORT_ROW_LANES, ..., in two
+// sums), and sums over its row's lanes only; every lane gets its row's sum. A round of 4 groups is loaded before any is multiplied: a guard around each
 // group's loads and sum made each group's loads wait for the previous group's sum (a q absorption
 // page of 462 rows: ~3.4 us).
 constexpr int SHORT_ROW_LANES = 8, SHORT_ROWS_PER_WARP = 32 / SHORT_ROW_LANES;
