@@ -170,9 +170,9 @@ __device__ float dot_segment_fp8_pieces(const uint8_t* row, int slots, int piece
 // MLA head row that head_rows_fp8 cannot take: matvec.cuh) is all latency in dot_groups: a group
 // or two a lane, then a warp sum. A warp takes SHORT_ROWS_PER_WARP of them at once instead,
 // SHORT_ROW_LANES lanes a row (lane l of the row: groups l, l + SHORT_ROW_LANES, ..., in two
-// sums), and sums over its row's lanes only; every lane gets its row's sum. A round of 4 groups is loaded before any is multiplied: a guard around each
-// group's loads and sum made each group's loads wait for the previous group's sum (a q absorption
-// page of 462 rows: ~3.4 us).
+// sums), and sums over its row's lanes only; every lane gets its row's sum. A round of 4 groups
+// is loaded before any is multiplied: a guard around each group's loads and sum made each group's
+// loads wait for the previous group's sum (a q absorption page of 462 rows: ~3.4 us).
 constexpr int SHORT_ROW_LANES = 8, SHORT_ROWS_PER_WARP = 32 / SHORT_ROW_LANES;
 constexpr int SHORT_ROW_GROUPS = 8 * SHORT_ROW_LANES;  // 8 groups a lane at most: k <= 256
 constexpr int SHORT_ROUND = 4;  // groups a lane loads at once (8: spills at 96 registers)

@@ -4,10 +4,10 @@
 // head's rows read their own x) on the tensor cores in e4m3 (mma.m16n8k32), where the rows and
 // their scale blocks are whole k32 steps (the last block may be partial): the weights go in as
 // they lie in the page, and x as TILE_DIGITS e4m3 digits per column (tile_digits.cuh: x's 16-bit
-// fixed point per scale block, as the FP8 tiles take it). Converting each weight to bf16 for mma.m16n8k16 (x as three bf16
-// parts) or multiplying on the CUDA cores made these pages instruction-bound: ~4.4 us a page of
-// q absorption (462 rows of k = 128) or v expansion (124 of k = 512) where the FP8 tiles take
-// ~1.5 for as many bytes (H100, docs/performance.md, session 58).
+// fixed point per scale block, as the FP8 tiles take it). With each weight converted to bf16 for
+// mma.m16n8k16 (x as three bf16 parts), or on the CUDA cores, a page of q absorption (462 rows of
+// k = 128) or v expansion (124 of k = 512) took ~4.4 us where an FP8 tile page of as many bytes
+// takes ~1.5; this way 3.4 and 2.3 (H100, docs/performance.md, session 58).
 //
 // The task's heads' digits go after their inputs, [head][digit][k + 16] bytes (the 16 keep a
 // B fragment's 8 columns on distinct banks), then a factor 2^(E + 5) per head and block. A warp
@@ -23,9 +23,9 @@ __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale
 __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
                               int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
   const HeadInputs head_input = head_inputs(t);
-  const int k = 8 * k8, block = 4 << scale_shift, span = min(block, k), blocks = (k + span - 1) / span;
-  const int g = lane >> 2, q = lane & 3;
-  const int heads = (t[F_ROW1] - 1) / t[F_HEAD_ROWS] + 1 - t[F_ROW0] / t[F_HEAD_ROWS], stride = k + 16;
+  // span: a scale block, or the whole row where that is narrower, so that block b has scale b
+  const int k = 8 * k8, span = min(4 << scale_shift, k), blocks = (k + span - 1) / span;
+  const int g = lane >> 2, q = lane & 3, heads = head_input.head(rows - 1) + 1, stride = k + 16;
   uint8_t* digits = reinterpret_cast<uint8_t*>(s.vec + heads * k);
   float* factor = reinterpret_cast<float*>(digits + heads * TILE_DIGITS * stride);  // [head][block]
   // a warp a (head, block) at a time, a lane 4 columns of it
@@ -56,7 +56,8 @@ __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows
       const uint32_t* w0 = reinterpret_cast<const uint32_t*>(page + i0 * rb) + q;
       const uint32_t* w1 = reinterpret_cast<const uint32_t*>(page + i1 * rb) + q;
       const int first = head_input.head(r + m0), next = head_input.head(r + min(m0 + 15, n - 1));
-      const uint32_t* x = reinterpret_cast<const uint32_t*>(digits + ((g < 4 ? first : next) * TILE_DIGITS + g % 4) * stride) + q;
+      const uint8_t* column = digits + ((g < 4 ? first : next) * TILE_DIGITS + g % 4) * stride;  // B's column g
+      const uint32_t* x = reinterpret_cast<const uint32_t*>(column) + q;
       const float* xf = factor + (q < 2 ? first : next) * blocks;  // this lane's D columns' head
       float y[2] = {0.f, 0.f};  // rows g and g + 8
       for (int b = b0; b < b0 + blocks / split; ++b) {
@@ -66,9 +67,8 @@ __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows
           const uint32_t a[4] = {w0[w], w1[w], w0[w + 4], w1[w + 4]};
           mma_e4m3_16832(d, a, x[w], x[w + 4]);
         }
-        const int sb = b * span / block;
-        const float s0 = reinterpret_cast<const float*>(page + i0 * rb + k)[sb];
-        const float s1 = reinterpret_cast<const float*>(page + i1 * rb + k)[sb];
+        const float s0 = reinterpret_cast<const float*>(page + i0 * rb + k)[b];
+        const float s1 = reinterpret_cast<const float*>(page + i1 * rb + k)[b];
         y[0] = fmaf(fmaf(d[0], f0, d[1] * f1), s0 * xf[b], y[0]);
         y[1] = fmaf(fmaf(d[2], f0, d[3] * f1), s1 * xf[b], y[1]);
       }
