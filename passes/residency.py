@@ -123,13 +123,14 @@ def _staged_floats(program: Program) -> int:
             a = g.op(t.op).attrs
             per = a["rows_per_head"]
             chunks = g.op(a["merges"]).attrs["tile"]["chunks"] if "merges" in a else 0
-            # FP8 rows: after the merge, each head's x also as 4 e4m3 digits a column in rows
-            # padded by 16 bytes, and a factor per scale block of at least 32 columns
+            # FP8 rows: after the merge, each head's x also as 4 e4m3 digits a column and a
+            # factor per scale block of at least 32 columns, and one head more of both (zeros)
             # (decode/matvec.cuh: head_rows_fp8; counted for all, a few KB)
             k = a["K"]
-            digits = 2 * k + 16 + k // 32 if is_fp8_rows(program, g.op(t.op)) else 0
-            per_head = max(k + chunks, digits)
-            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head)
+            fp8 = is_fp8_rows(program, g.op(t.op))
+            digits = 2 * k + k // 32 if fp8 else 0
+            heads = -(-t.rows[1] // per) - t.rows[0] // per
+            need.append(heads * max(k + chunks, digits) + (k + k // 32 if fp8 else 0))
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":

@@ -286,58 +286,61 @@ static inline void red_release_sys(unsigned* p, unsigned v) { *p += v; }
 static inline void red_add_s64(long long* p, long long v) { *p += v; }  // fibers never run at once
 #if MLA
 // The tensor cores' mma.m16n8kK with f32 accumulation (decode/ptx.cuh: mma_bf16_16816 for MLA
-// attention, K = 16, and mma_e4m3_16832 for MLA's FP8 head rows, K = 32; inline PTX there). The
-// mma gathers the warp's 32 lanes' fragments through a per-warp buffer between two barriers and
-// computes each lane's D = A * B + D, the products summed in double, reading A and B back out of
-// the fragments as the PTX ISA lays out m16n8k16 .bf16 and m16n8k32 8-bit operands: a register
-// holds V = K / 8 consecutive k, the lower k in the lower bits (group g = lane / 4, q = lane % 4:
-// A's a0 row g, k V q .. V q + V - 1; a1 row g+8; a2, a3 the same rows at k + K / 2; B's b0 those
-// k of column g, b1 k + K / 2; D's d0, d1 row g, columns 2q, 2q+1, d2, d3 row g+8); `value(reg,
-// v)` is value v of a register, converted exactly.
+// attention, K = 16; inline PTX there). The mma gathers the warp's 32 lanes' fragments through a
+// per-warp buffer between two barriers and computes each lane's D = A * B + D, the products
+// summed in double, reading A and B back out of the fragments as the PTX ISA lays out m16n8k16
+// .bf16 and m16n8k32 8-bit operands: a register holds V = K / 8 consecutive k, the lower k in the
+// lower bits (group g = lane / 4, q = lane % 4: A's a0 row g, k V q .. V q + V - 1; a1 row g+8;
+// a2, a3 the same rows at k + K / 2; B's b0 those k of column g, b1 k + K / 2; D's d0, d1 row g,
+// columns 2q, 2q+1, d2, d3 row g+8); `value(reg, v)` is value v of a register, converted exactly.
 struct MmaFragments {
   uint32_t a[32][4], b[32][2];
 };
 static MmaFragments mma_buf[COMPUTE_WARPS];
-template <int K, class Value>
-static void mma_m16n8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, Value value) {
+// Where A's (row, k) / B's (k, column n) lie in a warp's fragments: value v of register reg.
+struct FragmentValue {
+  uint32_t reg;
+  int v;
+};
+template <int K> static FragmentValue fragment_a(const MmaFragments& f, int row, int k) {
   constexpr int V = K / 8;
-  const int warp = tl_ct >> 5, lane = tl_ct & 31, g = lane / 4, q = lane % 4;
-  MmaFragments& f = mma_buf[warp];
-  std::memcpy(f.a[lane], a, sizeof f.a[lane]);
-  f.b[lane][0] = b0;
-  f.b[lane][1] = b1;
+  return {f.a[(row % 8) * 4 + (k % (K / 2)) / V][(row >= 8) + 2 * (k >= K / 2)], k % V};
+}
+template <int K> static FragmentValue fragment_b(const MmaFragments& f, int k, int n) {
+  constexpr int V = K / 8;
+  return {f.b[n * 4 + (k % (K / 2)) / V][k >= K / 2], k % V};
+}
+static void gather_fragments(const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const int warp = tl_ct >> 5, lane = tl_ct & 31;
+  std::memcpy(mma_buf[warp].a[lane], a, sizeof mma_buf[warp].a[lane]);
+  mma_buf[warp].b[lane][0] = b0;
+  mma_buf[warp].b[lane][1] = b1;
   warps[warp].bar.arrive_and_wait();
+}
+static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const auto value = [](FragmentValue at) {
+    return static_cast<double>(__bfloat162float(static_cast<__nv_bfloat16>(at.reg >> (16 * at.v))));
+  };
+  const int warp = tl_ct >> 5, g = (tl_ct & 31) / 4, q = tl_ct & 3;
+  gather_fragments(a, b0, b1);
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
     double sum = d[i];
-    for (int k = 0; k < K; ++k) {
-      const int at = (k % (K / 2)) / V, high = k >= K / 2;
-      sum += value(f.a[(row % 8) * 4 + at][(row >= 8) + 2 * high], k % V) * value(f.b[n * 4 + at][high], k % V);
-    }
+    for (int k = 0; k < 16; ++k) sum += value(fragment_a<16>(mma_buf[warp], row, k)) * value(fragment_b<16>(mma_buf[warp], k, n));
     d[i] = static_cast<float>(sum);
   }
   warps[warp].bar.arrive_and_wait();  // nobody overwrites the fragments before every lane has read them
 }
-static void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  mma_m16n8<16>(d, a, b0, b1, [](uint32_t reg, int v) {
-    return static_cast<double>(__bfloat162float(static_cast<__nv_bfloat16>(reg >> (16 * v))));
-  });
-}
-#if WEIGHT_FP8
-static void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  mma_m16n8<32>(d, a, b0, b1,
-                [](uint32_t reg, int v) { return static_cast<double>(e4m3_value((reg >> (8 * v)) & 0xffu)); });
-}
 #endif
-#endif
-#if FP8_MMA
-// The tensor cores' wgmma (decode/ptx.cuh: smem_desc, Wgmma<N>::mma and its fences, inline
-// PTX there). A descriptor here is the operand's host address with lbo / 16 and sbo / 16 above
-// it (user-space addresses fit in 48 bits). Each thread computes its own D elements from shared
-// memory at the call, as the PTX ISA lays out the operands (K-major core matrices: element
-// (row, k) at (k / 16) lbo + (row / 8) sbo + (row % 8) 16 + k % 16) and D (warp w of the
-// warpgroup, g = lane / 4, q = lane % 4: d[4 i + h] is row 16 w + g + 8 (h / 2), column 8 i +
-// 2 q + h % 2); the products are summed in double and rounded once.
+#if FP8_MMA || (MLA && WEIGHT_FP8)
+// The tensor cores' wgmma (decode/ptx.cuh: smem_desc, Wgmma<N>::mma, wgmma_m64n8k32_rs and the
+// fences, inline PTX there). A descriptor here is the operand's host address with lbo / 16 and
+// sbo / 16 above it (user-space addresses fit in 48 bits). Each thread computes its own D
+// elements at the call, as the PTX ISA lays out the operands (in shared memory K-major core
+// matrices: element (row, k) at (k / 16) lbo + (row / 8) sbo + (row % 8) 16 + k % 16; A from
+// registers as mma.m16n8k32's fragment, warp w's rows 16 w ..) and D (warp w of the warpgroup,
+// g = lane / 4, q = lane % 4: d[4 i + h] is row 16 w + g + 8 (h / 2), column 8 i + 2 q + h % 2);
+// the products are summed in double and rounded once.
 static inline uint64_t smem_desc(const void* p, uint32_t lbo, uint32_t sbo) {
   return reinterpret_cast<uint64_t>(p) | static_cast<uint64_t>(lbo >> 4) << 48 | static_cast<uint64_t>(sbo >> 4) << 56;
 }
@@ -357,6 +360,22 @@ template <int N> struct Wgmma {  // m64nNk32, e4m3 in, f32 out
     }
   }
 };
+#if MLA && WEIGHT_FP8
+static void wgmma_m64n8k32_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  const int warp = tl_ct >> 5, g = (tl_ct & 31) / 4, q = tl_ct & 3;
+  gather_fragments(a, 0, 0);  // a warp's D rows are its own A rows
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), n = 2 * q + i % 2;
+    double sum = accumulate ? d[i] : 0.0;
+    for (int k = 0; k < 32; ++k) {
+      const FragmentValue at = fragment_a<32>(mma_buf[warp], row, k);
+      sum += static_cast<double>(e4m3_value((at.reg >> (8 * at.v)) & 0xffu)) * operand_e4m3(b, n, k);
+    }
+    d[i] = static_cast<float>(sum);
+  }
+  warps[warp].bar.arrive_and_wait();
+}
+#endif
 static inline void wgmma_fence() {}
 static inline void wgmma_commit() {}
 static inline void wgmma_wait_all() {}

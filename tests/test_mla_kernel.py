@@ -259,18 +259,19 @@ STEPS = [
     ("fp8", {}, "h200", 20, {"heads_per_task": 1, "key_blocks": 1, "empty_chunks": True,
                              "groups": 1}, False),
     ("fp8", WIDE, small("h200-7", 7), 200, {"heads_per_task": 6, "key_blocks": 3,
-                                            "empty_chunks": False, "groups": 2}, True),
+                                            "empty_chunks": False, "groups": 2}, False),
     ("fp8", {"num_attention_heads": 8, "num_key_value_heads": 8, "v_head_dim": 24},
      small("h200-5", 5), 100, {"heads_per_task": 3, "key_blocks": 1, "empty_chunks": False,
                                "groups": 1}, False),
-    # FP8 head rows on the tensor cores, x as digits (decode/matvec.cuh: head_rows_fp8): v
-    # expansion rows of 512, one row a task, its blocks split in two (the q absorption's tasks
-    # straddle two heads, its first taking half a share); 73-row tasks of 6 heads, the last scale
-    # block partial; q absorption rows of 32 (scales per 64 of kv_b's rows, 2 heads a block)
-    # beside v expansion rows of 128 on 5 SMs
-    ("fp8", {"kv_lora_rank": 512}, "h200", 20, {"heads_per_task": 2, "key_blocks": 1,
-                                                "empty_chunks": True, "groups": 1}, True),
-    ("fp8", {**WIDE, "kv_lora_rank": 320}, small("h200-7", 7), 200,
+    # FP8 head rows on the tensor cores, x as digits (decode/matvec.cuh: head_rows_fp8; heads of
+    # at least 64 rows): v expansion rows of 512 in heads of 64, its blocks split in two where a
+    # task has one m-tile; the wide spec's v expansion rows of 320 in heads of 64, tasks across
+    # heads, the last scale block partial; q absorption rows of 32 in heads of 128 (scales per 64
+    # of kv_b's rows, 2 heads a block) beside v expansion rows of 128 (heads of 32: CUDA cores)
+    # on 5 SMs
+    ("fp8", {"kv_lora_rank": 512, "v_head_dim": 64}, "h200", 20,
+     {"heads_per_task": 2, "key_blocks": 1, "empty_chunks": True, "groups": 1}, True),
+    ("fp8", {**WIDE, "kv_lora_rank": 320, "v_head_dim": 64}, small("h200-7", 7), 200,
      {"heads_per_task": 6, "key_blocks": 3, "empty_chunks": False, "groups": 2}, True),
     ("fp8", {"kv_lora_rank": 128, "qk_nope_head_dim": 32, "v_head_dim": 32}, small("h200-5", 5),
      100, {"heads_per_task": 2, "key_blocks": 1, "empty_chunks": False, "groups": 1}, True),
@@ -332,7 +333,8 @@ DIGITS_REL = 5e-4
 def head_rows_on_digits(program: Program) -> bool:
     """Whether an FP8 head_matvec task runs on the tensor cores with its x as digits: its rows and
     their scale blocks (the narrower of 4 << scale_shift and the row; the last may be partial)
-    whole 32-column steps, at most 128 columns a block (decode/matvec.cuh: head_rows_on_mma)."""
+    whole 32-column steps, at most 128 columns a block, and heads of at least 64 rows
+    (decode/matvec.cuh: head_rows_on_mma)."""
     names = encode.fields(program)
     col = {n: i for i, n in enumerate(names)}
     if "scale_shift" not in col:
@@ -340,7 +342,7 @@ def head_rows_on_digits(program: Program) -> bool:
     for row in encode.encode(program)[0]:
         k, span = int(row[col["k"]]), min(4 << int(row[col["scale_shift"]]), int(row[col["k"]]))
         if (int(row[col["opcode"]]) == OPCODES["head_matvec"] and k % 32 == 0 and span % 32 == 0
-                and span <= 128):
+                and span <= 128 and int(row[col["head_rows"]]) >= 64):
             return True
     return False
 
@@ -495,13 +497,13 @@ def test_short_rows_summed_over_half_their_lanes_fail_the_step(
 
 
 # The negative controls of head_rows_fp8 (FP8 head rows on the tensor cores, x as digits): a row
-# summed over every lane's columns (those of the head after its own too), and B's k halves swapped
-# (a k32 step's words 0-3 and 4-7 of x against the rows' own), each of which must fail the step.
+# summed over every lane's columns (those of the head after its own too), and A's k halves swapped
+# (a k32 step's words 0-3 and 4-7 of the rows against x's own), each of which must fail the step.
 DIGIT_ROWS = "head_input.head(r + min(i, n - 1)) - first == q / 2 ? y[h] : 0.f"
 BROKEN_HEAD_ROWS = {
     "every lane's columns summed": (DIGIT_ROWS, "y[h]"),
-    "B's k halves swapped": ("mma_e4m3_16832(d, a, x[w], x[w + 4]);",
-                             "mma_e4m3_16832(d, a, x[w + 4], x[w]);"),
+    "A's k halves swapped": ("const uint32_t a[4] = {w0[at], w1[at], w0[at + 4], w1[at + 4]};",
+                             "const uint32_t a[4] = {w0[at + 4], w1[at + 4], w0[at], w1[at]};"),
 }
 
 

@@ -1,15 +1,17 @@
-// What one mma.sync costs a warp on this GPU, by operand type: MLA's FP8 head rows
-// (decode/matvec.cuh: head_rows_fp8) run mma.sync.m16n8k32 with e4m3 operands, and a v expansion
-// page of 124 rows took 2.3 us for ~8 of them a warp (H100, docs/performance.md, session 58),
-// ~1.5x an FP8 tile page (wgmma) per byte. Here one CTA's warps each run 1024 rounds of one mma
-// (a dependent chain: its latency) or of four on independent accumulators (its issue rate), for
-// e4m3 m16n8k32 and for f16 / bf16 m16n8k16 (half the k of a step), with 1 and 16 warps.
+// What one mma.sync costs a warp on this GPU, by operand type: MLA's FP8 head rows once ran
+// mma.sync.m16n8k32 with e4m3 operands (decode/matvec.cuh: head_rows_fp8, before session 59).
+// Here one CTA's warps each run 1024 rounds of one mma (a dependent chain: its latency) or of
+// four on independent accumulators (its issue rate), for e4m3 m16n8k32 and for f16 / bf16
+// m16n8k16 (half the k of a step), with 1 and 16 warps. A register of A changes every mma: with
+// loop-invariant operands ptxas hoisted the e4m3 products out of the loop, and the first version
+// of this bench (session 58) timed only the additions into D.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -o mma_rate_bench tools/mma_rate_bench.cu
 //   ./mma_rate_bench   # on the GPU
 //
-// H100 (session 58): e4m3 17.1 cycles an mma a warp with 16 warps, f16 / bf16 24.1: the e4m3 step
-// (twice the k) runs at ~94 % of the SM's FP8 rate, so the head rows' pages are not mma-bound.
+// On sm_90a mma.sync with e4m3 operands is no tensor-core instruction: ptxas makes each one 12
+// F2FP.F16.E4M3 conversions, two HMMA.16816.F32 (f16) and four FADD into D (its SASS, e.g.
+// `cuobjdump -sass`, from the nvidia-cuda-cuobjdump wheel). docs/performance.md has the times.
 #include <cstdio>
 #include <cstdint>
 __device__ __forceinline__ void e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -26,7 +28,7 @@ __device__ __forceinline__ void bf16(float (&d)[4], const uint32_t (&a)[4], uint
 }
 template <int KIND, int CHAINS>
 __global__ void bench(unsigned long long* out, float* sink, uint32_t seed) {
-  uint32_t a[4] = {seed, seed * 3u, seed * 5u, seed * 7u};
+  uint32_t a[4] = {seed + threadIdx.x, seed * 3u + threadIdx.x, seed * 5u, seed * 7u};  // per lane, as loads
   const uint32_t b0 = seed * 11u, b1 = seed * 13u;
   float d[CHAINS][4] = {};
   __syncthreads();
@@ -34,6 +36,7 @@ __global__ void bench(unsigned long long* out, float* sink, uint32_t seed) {
   for (int i = 0; i < 1024; ++i) {
 #pragma unroll
     for (int c = 0; c < CHAINS; ++c) {
+      a[0] += 0x01010101u;  // not loop-invariant (see above)
       if (KIND == 0) e4m3(d[c], a, b0, b1);
       else if (KIND == 1) f16(d[c], a, b0, b1);
       else bf16(d[c], a, b0, b1);

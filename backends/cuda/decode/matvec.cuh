@@ -1,38 +1,41 @@
 // ---- compute: a matrix-vector task's pages and epilogue (its input: staging.cuh) ----------------
 #if MLA && WEIGHT_FP8
 // A head_matvec's FP8 rows (MLA's q absorption, k = 128 or 192, and v expansion, k = 512: each
-// head's rows read their own x) on the tensor cores in e4m3 (mma.m16n8k32), where the rows and
-// their scale blocks are whole k32 steps (the last block may be partial): the weights go in as
-// they lie in the page, and x as TILE_DIGITS e4m3 digits per column (tile_digits.cuh: x's 16-bit
-// fixed point per scale block, as the FP8 tiles take it). With each weight converted to bf16 for
-// mma.m16n8k16 (x as three bf16 parts), or on the CUDA cores, a page of q absorption (462 rows of
-// k = 128) or v expansion (124 of k = 512) took ~4.4 us where an FP8 tile page of as many bytes
-// takes ~1.5; this way 3.4 and 2.3 (H100, docs/performance.md, session 58).
+// head's rows read their own x) on the tensor cores in e4m3 (wgmma, A from registers), where the
+// rows and their scale blocks are whole k32 steps (the last block may be partial) and a head has
+// at least 64 rows: the weights go in as they lie in the page, and x as TILE_DIGITS e4m3 digits
+// per column (tile_digits.cuh: x's 16-bit fixed point per scale block, as the FP8 tiles take
+// it). On Hopper mma.sync with e4m3 operands is no tensor-core instruction: ptxas turns each
+// m16n8k32 into 12 conversions to f16 (F2FP) and two f16 mma, and those conversions held a v
+// expansion page (124 rows of k = 512) at ~2.3 us and a q absorption page (462 of k = 128) at
+// ~3.4, where an FP8 tile page of as many bytes (wgmma) takes ~1.5 (H100, docs/performance.md,
+// sessions 58-59). wgmma takes e4m3 as it is.
 //
-// The task's heads' digits go after their inputs, [head][digit][k + 16] bytes (the 16 keep a
-// B fragment's 8 columns on distinct banks), then a factor 2^(E + 5) per head and block. A warp
-// takes an m-tile of 16 rows (with few m-tiles, half of its blocks, the halves added in s.acc):
-// A the rows' bytes, B of 8 columns the digits of the tile's first row's head (columns 0-3) and
-// of the head after it (4-7) where the tile runs into it (a tile of 16 rows spans at most two
-// heads). A block's k32 steps go into D, whose columns (digits) a lane then weighs, times the
-// row's scale and its head's factor, for the rows of the head its columns belong to.
+// The task's heads' digits go after their inputs as wgmma's B wants them, K-major core
+// matrices: [k / 16][column][16 bytes], column 4 h + t digit t of head h, for the heads and one
+// more of zeros (a tile in the last head reads its columns); then a factor 2^(E + 5) per head and
+// block. A warpgroup takes an m-tile of 64 rows (with few m-tiles, half of its blocks, the halves
+// added in s.acc), a warp its 16 rows' bytes as A; B is the 8 columns of the tile's first row's
+// head and of the head after it (a tile spans at most two heads). A block's k32 steps go into D,
+// whose columns (digits) a lane then weighs, times the row's scale and its head's factor, for the
+// rows of the head its columns belong to.
 __device__ __forceinline__ bool head_rows_on_mma(const int* t, int k8, int scale_shift) {
   const int k = 8 * k8, span = min(4 << scale_shift, k);  // a block may be wider than the row
-  return t[F_OPCODE] == OP_HEAD_MATVEC && k % 32 == 0 && span % 32 == 0 && span <= 128;
+  return t[F_OPCODE] == OP_HEAD_MATVEC && k % 32 == 0 && span % 32 == 0 && span <= 128 && t[F_HEAD_ROWS] >= 64;
 }
 __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows, int rb, int rpp, int k8,
                               int scale_shift, uint32_t& consumed, int lane, int group, int gw) {
   const HeadInputs head_input = head_inputs(t);
   // span: a scale block, or the whole row where that is narrower, so that block b has scale b
   const int k = 8 * k8, span = min(4 << scale_shift, k), blocks = (k + span - 1) / span;
-  const int g = lane >> 2, q = lane & 3, heads = head_input.head(rows - 1) + 1, stride = k + 16;
+  const int g = lane >> 2, q = lane & 3, heads = head_input.head(rows - 1) + 1, cols = 4 * (heads + 1);
   uint8_t* digits = reinterpret_cast<uint8_t*>(s.vec + heads * k);
-  float* factor = reinterpret_cast<float*>(digits + heads * TILE_DIGITS * stride);  // [head][block]
-  // a warp a (head, block) at a time, a lane 4 columns of it
-  for (int item = group * GROUP_WARPS + gw; item < heads * blocks; item += COMPUTE_WARPS) {
+  float* factor = reinterpret_cast<float*>(digits + cols * k);  // [head][block]
+  // a warp a (head, block) at a time, a lane 4 columns of it; the head past the last: zeros
+  for (int item = group * GROUP_WARPS + gw; item < (heads + 1) * blocks; item += COMPUTE_WARPS) {
     const int h = item / blocks, c = item % blocks * span + 4 * lane;
     const bool mine = 4 * lane < span && c < k;
-    const float4 x = mine ? *reinterpret_cast<const float4*>(s.vec + h * k + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 x = mine && h < heads ? *reinterpret_cast<const float4*>(s.vec + h * k + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     float m = fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)));
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -41,31 +44,40 @@ __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows
       const FixedColumns f = fixed_columns(x, E);
 #pragma unroll
       for (int n = 0; n < TILE_DIGITS; ++n)
-        *reinterpret_cast<uint32_t*>(digits + (h * TILE_DIGITS + n) * stride + c) = digit_word(f, n);
+        *reinterpret_cast<uint32_t*>(digits + (c / 16 * cols + 4 * h + n) * 16 + c % 16) = digit_word(f, n);
     }
     if (lane == 0) factor[item] = block_factor(E);
   }
+  fence_proxy_async_shared();  // the digits (generic stores) before wgmma reads them (async proxy)
   compute_sync();
-  // lane q's D columns 2q, 2q + 1: digits 2 (q % 2) and + 1 of the tile's head q / 2
+  // lane q's D columns 2q, 2q + 1: digits 2 (q % 2) and + 1 of head first + q / 2
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;
+  constexpr int WG = GROUP_WARPS / 4;  // warpgroups of a page group
+  static_assert(GROUP_WARPS % 4 == 0, "a page group is whole warpgroups (wgmma)");
+  const int wg = gw / 4, w = gw % 4;
   for_each_page(p, s, rows, rpp, group, consumed, [&](const uint8_t* page, int r, int n) {
-    const int tiles = (n + 15) / 16, split = 2 * tiles <= GROUP_WARPS && blocks % 2 == 0 ? 2 : 1;
-    for (int item = gw; item < tiles * split; item += GROUP_WARPS) {
-      const int m0 = 16 * (item / split), b0 = item % split * (blocks / split);
+    const int tiles = (n + 63) / 64, split = 2 * tiles <= WG && blocks % 2 == 0 ? 2 : 1;
+    for (int item = wg; item < tiles * split; item += WG) {  // warpgroup-uniform
+      const int t0 = 64 * (item / split), m0 = t0 + 16 * w, b0 = item % split * (blocks / split);
       const int i0 = min(m0 + g, n - 1), i1 = min(m0 + g + 8, n - 1);  // past the page: repeats, unstored
       const uint32_t* w0 = reinterpret_cast<const uint32_t*>(page + i0 * rb) + q;
       const uint32_t* w1 = reinterpret_cast<const uint32_t*>(page + i1 * rb) + q;
-      const int first = head_input.head(r + m0), next = head_input.head(r + min(m0 + 15, n - 1));
-      const uint8_t* column = digits + ((g < 4 ? first : next) * TILE_DIGITS + g % 4) * stride;  // B's column g
-      const uint32_t* x = reinterpret_cast<const uint32_t*>(column) + q;
-      const float* xf = factor + (q < 2 ? first : next) * blocks;  // this lane's D columns' head
+      const int first = head_input.head(r + t0);
+      const uint8_t* b_cols = digits + 64 * first;  // columns 4 first .. + 7
+      const float* xf = factor + (first + q / 2) * blocks;  // this lane's D columns' head
       float y[2] = {0.f, 0.f};  // rows g and g + 8
       for (int b = b0; b < b0 + blocks / split; ++b) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 1  // (unrolled, the DeepSeek-V3.2 kernels spilled registers)
-        for (int w = b * span / 4; w < min((b + 1) * span, k) / 4; w += 8) {  // a k32 step: 8 words of a row
-          const uint32_t a[4] = {w0[w], w1[w], w0[w + 4], w1[w + 4]};
-          mma_e4m3_16832(d, a, x[w], x[w + 4]);
+        // a k32 step at a time: with two steps' A in registers at once the DeepSeek-V3.2 and
+        // GLM-5 kernels spilled
+        for (int j = 0; j < (min((b + 1) * span, k) - b * span) / 32; ++j) {
+          const int at = b * span / 4 + 8 * j;  // the step's 8 words of a row
+          const uint32_t a[4] = {w0[at], w1[at], w0[at + 4], w1[at + 4]};
+          const uint8_t* chunk = b_cols + (b * span / 16 + 2 * j) * cols * 16;  // its k16 halves of B
+          wgmma_fence();
+          wgmma_m64n8k32_rs(d, a, smem_desc(chunk, cols * 16, 128), j);
+          wgmma_commit();
+          wgmma_wait_all();
         }
         const float s0 = reinterpret_cast<const float*>(page + i0 * rb + k)[b];
         const float s1 = reinterpret_cast<const float*>(page + i1 * rb + k)[b];
@@ -75,7 +87,7 @@ __device__ void head_rows_fp8(const Params& p, Shared& s, const int* t, int rows
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // rows g and g + 8: the lanes of the row's own head
         const int i = m0 + g + 8 * h;
-        float v = head_input.head(r + min(i, n - 1)) - first == q / 2 ? y[h] : 0.f;  // (next may be first)
+        float v = head_input.head(r + min(i, n - 1)) - first == q / 2 ? y[h] : 0.f;
         v += __shfl_xor_sync(0xffffffffu, v, 1);
         v += __shfl_xor_sync(0xffffffffu, v, 2);
         if (q != 0 || i >= n) continue;

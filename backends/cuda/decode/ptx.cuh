@@ -64,8 +64,9 @@ __device__ __forceinline__ void red_add_s64(long long* p, long long v) {  // two
   asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 #endif
-#if FP8_MMA
-// The tensor-core pieces of the FP8 tiles' path (see tile_pages); the host harness
+#if FP8_MMA || (MLA && WEIGHT_FP8)
+// The tensor-core pieces of the FP8 tiles' path (see tile_pages) and of MLA's FP8 head rows
+// (matvec.cuh: head_rows_fp8); the host harness
 // (tests/host_kernel.cpp) defines its own of these names. Operands are K-major core matrices
 // (8 rows x 16 bytes, 128 B, unswizzled) in shared memory; a descriptor holds the address,
 // `lbo` (bytes between the two 16-byte k halves of a k32 step) and `sbo` (bytes between groups
@@ -100,6 +101,16 @@ template <> struct Wgmma<16> {
         : "l"(a), "l"(b), "r"(accumulate));
   }
 };
+// The same with A from registers, m64n8k32: warp w's lane holds rows 16 w + g and + 8 of A as
+// mma.m16n8k32 lays out its A fragment (a0 row g, k 4q .. 4q + 3; a1 row g + 8; a2, a3 the same
+// rows at k + 16), so a warp's loads of its 16 rows serve either instruction.
+__device__ __forceinline__ void wgmma_m64n8k32_rs(float (&d)[4], const uint32_t (&a)[4], uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
@@ -126,18 +137,6 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-#if WEIGHT_FP8
-// MLA's FP8 head rows (matvec.cuh: head_rows_fp8); the host harness defines its own. D = A * B +
-// D, e4m3 in: A 16x32 (4 registers of 4 values, the lower k in the low byte), B 32x8 (2), D 16x8
-// f32, the PTX ISA's mma.m16n8k32 fragments (a0 row g, k 4q .. 4q + 3; a1 row g + 8; a2, a3 the
-// same rows at k + 16; b0 column g, k 4q .. 4q + 3, b1 k + 16; D as mma_bf16_16816's).
-__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
 #endif
 // 16 bytes from global memory (through L2, as __ldcg) to shared memory, asynchronously: the
 // copies a thread has issued complete by its cp_async_wait_all.
