@@ -222,6 +222,20 @@ __device__ __forceinline__ void matvec_pages(const Params& p, Shared& s, const i
   });
 }
 
+// A matrix-vector task's row sums start at zero: s.acc, and a tile task's other warpgroups' at the
+// end of s.vec (tile_sums), whose place depends on the task's rows, so all the room any task's
+// could take (ACC_FLOATS a warpgroup; staging, which comes after, never writes there: passes/
+// residency.py). Done before every task's dependency wait (run_compute), whose barrier orders it
+// before the task: in the task it took ~0.3 us of each matrix-vector task's start (H100, session
+// 57); before a task of another kind it is a few stores a thread.
+__device__ __forceinline__ void zero_row_sums(Shared& s, int ct) {
+  for (int i = ct; i < ACC_FLOATS; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
+#if FP8_MMA
+  for (int i = ct; i < (TILE_WARPGROUPS - 1) * ACC_FLOATS; i += COMPUTE_WARPS * 32)
+    s.vec[MAX_K - (TILE_WARPGROUPS - 1) * ACC_FLOATS + i] = 0.f;
+#endif
+}
+
 __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& consumed, int ct) {
 #if MOE && TP > 1  // a gate/up task whose slot holds no expert of this rank: no pages, no output
   if (t[F_OPCODE] == OP_MOE_GATE_UP && busy_slots(p, t) == 0) return;
@@ -229,12 +243,6 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const int warp = ct >> 5, lane = ct & 31, group = warp / GROUP_WARPS, gw = warp % GROUP_WARPS;
   const int row0 = t[F_ROW0], rows = t[F_ROW1] - row0, rb = t[F_ROW_BYTES], rpp = rows_per_page(t);
   const int k8 = t[F_K] / 8, epi = t[F_EPILOGUE], halves = row_halves(t);
-  for (int i = ct; i < rows * halves; i += COMPUTE_WARPS * 32) s.acc[i] = 0.f;
-#if FP8_MMA  // and the other warpgroups' sums of a tile task (tile_pages)
-  if (t[F_W_FORMAT] == WF_FP8_TILES)
-    for (int i = ct; i < (TILE_WARPGROUPS - 1) * rows * halves; i += COMPUTE_WARPS * 32)
-      tile_sums(s, rows * halves, 1)[i] = 0.f;
-#endif
 #if TP > 1  // an exchanging task adds the residual to the sum of the ranks' rows (exchange_rows)
   const bool add = adds_residual(t) && t[F_XCHG] < 0;
 #else
@@ -246,7 +254,6 @@ __device__ void run_matvec(const Params& p, Shared& s, const int* t, uint32_t& c
   const float gamma0 = t[F_DIGITS_OUT] >= 0 && t[F_DIGITS_GAMMA] >= 0 && first >= 0 && first < rows
                            ? p.act[t[F_DIGITS_GAMMA] + row0 + first] : 1.f;
 #endif
-  // staging ends with a barrier, which also covers the zeroing above
 #if FP8_MMA
   if (t[F_W_FORMAT] == WF_FP8_TILES) {
     tile_task(p, s, t, consumed, ct);
