@@ -649,6 +649,8 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
   uint32_t after = before;
   run_block([&](int ct) {
     uint32_t mine = before;  // each compute thread's own count of consumed pages
+    zero_row_sums(s, ct);  // as run_compute does before the task's dependency wait, whose
+    compute_sync();        // barrier orders it before the task
     switch (t[F_OPCODE]) {
       case OP_EMBED: run_embed(p, t, 0, ct); break;
 #if MOE
