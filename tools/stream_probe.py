@@ -200,7 +200,11 @@ def run(artifacts: list[Path], step: int, context: int) -> None:
             print(f"== {a} (step {step} of {STEPS}, context {context}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
                   f" {'first page':>11s} {'stall/task':>11s} {'issue->seen':>12s}")
-            for r in op_streams(profile.stamps, log, ops, profile.ctas, step):
+            rows = op_streams(profile.stamps, log, ops, profile.ctas, step)
+            if not rows:  # session 58's 64 pages a SM ended inside step 0: an empty table
+                print(f"  no stamped page lies in step {step}: the {pages} pages stamped a SM "
+                      f"end before it; build with a larger --pages, or run --step 0")
+            for r in rows:
                 print(f"  {r.op:28s} {r.tasks:6d} {r.staging_us:8.2f} {r.pages:6.1f} "
                       f"{r.page_compute_us:13.2f} {r.first_page_us:11.2f} {r.stall_us:11.2f} "
                       f"{r.flight_us:12.2f}")
