@@ -127,10 +127,10 @@ def _staged_floats(program: Program) -> int:
             # factor per scale block of at least 32 columns, and one head more of both (zeros)
             # (decode/matvec.cuh: head_rows_fp8; counted for all, a few KB)
             k = a["K"]
-            fp8 = is_fp8_rows(program, g.op(t.op))
-            digits = 2 * k + k // 32 if fp8 else 0
-            heads = -(-t.rows[1] // per) - t.rows[0] // per
-            need.append(heads * max(k + chunks, digits) + (k + k // 32 if fp8 else 0))
+            per_head, extra = k + chunks, 0
+            if is_fp8_rows(program, g.op(t.op)):
+                per_head, extra = max(per_head, 2 * k + k // 32), k + k // 32
+            need.append((-(-t.rows[1] // per) - t.rows[0] // per) * per_head + extra)
     for op in g.ops():
         a = op.attrs
         if op.opcode == "mla_attention":
