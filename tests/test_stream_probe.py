@@ -37,7 +37,8 @@ def test_the_table_from_known_stamps() -> None:
     """Two tasks of op `up` on CTAs 0 and 1 and an attention task without pages; page times
     in ns. Task 0: staged 500 ns after its dependencies, two pages seen and released 1 µs
     apart each, 0.1 and 0.5 µs waited, the second issued during the task and seen 1.3 µs
-    later; a page seen after the task is not its. Task 1: one page, 2 µs of compute."""
+    later; a page seen after the task is not its. Task 1: one page, 2 µs of compute. Their
+    first pages were issued 1 and 1.5 µs before their dependencies were met."""
     stamps = np.zeros((2, 3, 3), dtype=np.uint64)
     stamps[1] = [[1500, 1000, 5000], [3000, 2000, 8000], [0, 100, 900]]
     pages = np.zeros((2, 4, 4), dtype=np.uint64)
@@ -53,3 +54,4 @@ def test_the_table_from_known_stamps() -> None:
     assert up.page_compute_us == pytest.approx((1.0 + 1.0 + 2.0) / 3)
     assert up.stall_us == pytest.approx((0.6 + 0.0) / 2)
     assert up.flight_us == pytest.approx(1.3)
+    assert up.lead_us == pytest.approx((1.0 + 1.5) / 2)  # first pages issued at 0 and 500 ns

@@ -12,7 +12,9 @@ The page stamps go into the profile buffer past the profiled steps, which `run` 
 enough. `run` loads each variant with random weights (one set per model), decodes a few
 steps with the stamps on and prints per op, its layers folded: the staging (dependencies met
 to input staged), pages per task, page compute (seen to released), how long a task waited for
-pages not yet there, and a page's issue-to-seen time. docs/performance.md's session 18
+pages not yet there, a page's issue-to-seen time, and how long before the task's dependencies
+were met its first page was issued (negative: after; with the staging and a page's flight it
+says whether the first page arrives before compute wants it). docs/performance.md's session 18
 tables were measured this way. The stamps are timing aids: a few global stores a page.
 """
 
@@ -108,6 +110,7 @@ class OpStream:
     first_page_us: float  # the same for a task's first page only (its code may be cold)
     stall_us: float  # per task: waiting for pages not yet there
     flight_us: float  # a page issued to seen, for pages issued during the task (nan: none)
+    lead_us: float  # a task's first page issued to its dependencies met (negative: after them)
 
 
 def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.ndarray,
@@ -118,7 +121,7 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
     st = stamps[step].astype(np.int64)
     out = []
     for op in dict.fromkeys(ops):
-        staging, n_pages, compute, first, stall, flight = [], [], [], [], [], []
+        staging, n_pages, compute, first, stall, flight, lead = [], [], [], [], [], [], []
         for task in (i for i, o in enumerate(ops) if o == op):
             met, done = st[task, DEPS_MET], st[task, DONE]
             log = pages[ctas[task]].astype(np.int64)
@@ -129,13 +132,15 @@ def op_streams(stamps: np.ndarray, pages: np.ndarray, ops: list[str], ctas: np.n
             n_pages.append(len(mine))
             compute.extend(mine[:, RELEASED] - mine[:, SEEN])
             first.append(mine[0, RELEASED] - mine[0, SEEN])
+            lead.append(met - mine[0, ISSUED])
             stall.append((mine[:, SEEN] - mine[:, WAITING]).sum())
             late = mine[mine[:, ISSUED] > met]
             flight.extend(late[:, SEEN] - late[:, ISSUED])
         if n_pages:
             out.append(OpStream(op, len(n_pages), np.mean(staging) / 1e3, float(np.mean(n_pages)),
                                 np.mean(compute) / 1e3, np.mean(first) / 1e3, np.mean(stall) / 1e3,
-                                np.mean(flight) / 1e3 if flight else float("nan")))
+                                np.mean(flight) / 1e3 if flight else float("nan"),
+                                np.mean(lead) / 1e3))
     return out
 
 
@@ -199,7 +204,8 @@ def run(artifacts: list[Path], step: int, context: int) -> None:
             ops = [fold_layer(o) for o in profile.ops]
             print(f"== {a} (step {step} of {STEPS}, context {context}; µs)")
             print(f"  {'op':28s} {'tasks':>6s} {'staging':>8s} {'pages':>6s} {'compute/page':>13s}"
-                  f" {'first page':>11s} {'stall/task':>11s} {'issue->seen':>12s}")
+                  f" {'first page':>11s} {'stall/task':>11s} {'issue->seen':>12s}"
+                  f" {'issue->met':>11s}")
             rows = op_streams(profile.stamps, log, ops, profile.ctas, step)
             if not rows:  # session 58's 64 pages a SM ended inside step 0: an empty table
                 print(f"  no stamped page lies in step {step}: the {pages} pages stamped a SM "
@@ -207,7 +213,7 @@ def run(artifacts: list[Path], step: int, context: int) -> None:
             for r in rows:
                 print(f"  {r.op:28s} {r.tasks:6d} {r.staging_us:8.2f} {r.pages:6.1f} "
                       f"{r.page_compute_us:13.2f} {r.first_page_us:11.2f} {r.stall_us:11.2f} "
-                      f"{r.flight_us:12.2f}")
+                      f"{r.flight_us:12.2f} {r.lead_us:11.2f}")
             del engine
             torch.cuda.empty_cache()
 
