@@ -4,7 +4,6 @@ come out of stamps made up with known times."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,9 @@ from test_fp8_kernel import needs_nvcc
 import tilertc
 from tilertc.artifact import check_artifact
 from tilertc.driver import compile
-from tilertc.ir.target import get_target
 
 TOOLS = Path(__file__).parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
-from kernel_variant import STATIC_ROOM  # noqa: E402
 from phase_probe import BEFORE, RESET, build, marked_source, phases  # noqa: E402
 
 ATTENTION_MARKS = ["  const KvChunk ch = kv_chunk(t, pos);",
@@ -46,7 +43,7 @@ def test_the_marking_warp_is_the_one_asked_for(tmp_path: Path) -> None:
     refused before anything is built."""
     source = marked_source("x();\n" + BEFORE + RESET, ["x();"], warp=3)
     assert "threadIdx.x != 96) return;" in source and "threadIdx.x != 0)" not in source
-    assert RESET + "  if (threadIdx.x == 96) phase_count = 0;\n" in source
+    assert RESET + "  if (threadIdx.x == 96) phase_count() = 0;\n" in source
     art = tmp_path / "art"
     art.mkdir()
     (art / "kernel.cu").write_text("x();\n" + BEFORE + RESET)
@@ -63,23 +60,13 @@ def test_a_mark_not_once_in_the_kernel_is_refused() -> None:
         marked_source("a();\n" + RESET, ["c();"])
 
 
-def test_the_count_of_marks_is_zeroed_once_or_refused(tmp_path: Path) -> None:
-    """The marks' count lives in shared memory, zeroed by the marking thread where run_compute
-    starts: a kernel without that line (or with two) is refused, and so is an artifact whose
-    shared memory leaves no room for the count."""
+def test_the_count_of_marks_is_zeroed_once_or_refused() -> None:
+    """The marks' count lives in the kernel's shared flags, zeroed by the marking thread where
+    run_compute starts: a kernel without that line (or with two) is refused."""
     with pytest.raises(SystemExit, match="nowhere to zero the marks' count"):
         marked_source("a();\n" + BEFORE, ["a();"])
     with pytest.raises(SystemExit, match="2 lines"):
         marked_source("a();\n" + BEFORE + RESET + RESET, ["a();"])
-    art = tmp_path / "art"
-    art.mkdir()
-    (art / "kernel.cu").write_text("a();\n" + BEFORE + RESET)
-    too_much = get_target("h200").smem_per_block - STATIC_ROOM + 1
-    (art / "manifest.json").write_text(json.dumps({
-        "kernel": {"constants": {"COMPUTE_WARPS": 4}, "smem_bytes": too_much},
-        "target": {"name": "h200"}}))
-    with pytest.raises(SystemExit, match="leave no room for the marks' count"):
-        build(art, tmp_path / "out", ["a();"])
 
 
 def test_the_phases_from_known_stamps() -> None:

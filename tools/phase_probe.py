@@ -42,7 +42,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from kernel_variant import check_static_room, make_variant, summary
+from kernel_variant import make_variant, summary
 from stream_probe import STEPS, add_run_options, random_engine, spare_words, stamped_profile
 
 from tilertc.profile import DEPS_MET, DONE
@@ -53,14 +53,21 @@ MARKS_FILE = "phase_marks.json"
 
 def mark_function(warp: int) -> str:
     """`phase_mark(p, id)`: lane 0 of compute warp `warp` writes (id, globaltimer) in CTA
-    blockIdx.x's next slot past the steps. Its count of marks is in shared memory, set to 0 at
-    the launch's start (RESET): a count in global memory was loaded again at each mark, an L2
-    round trip that held the marking warp, and so every barrier it reaches, in every mark."""
-    return f"""__shared__ unsigned phase_count;  // this CTA's marks written
+    blockIdx.x's next slot past the steps. Its count of marks is the spare last word of the
+    kernel's shared flags (Shared::flags), set to 0 at the launch's start (RESET): a count in
+    global memory was loaded again at each mark, an L2 round trip that held the marking warp,
+    and so every barrier it reaches, in every mark; a static shared word of its own left no room
+    in kernels whose ring fills shared memory (GLM-5's one-layer models)."""
+    return f"""static_assert(FLAG_HOLD + 1 < FLAG_WORDS, "the marks' count: the last flag");
+__device__ __forceinline__ volatile int& phase_count() {{  // this CTA's marks written
+  extern __shared__ __align__(128) uint8_t phase_smem[];
+  return carve(phase_smem).flags[FLAG_WORDS - 1];
+}}
 __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   if (!p.profile || threadIdx.x != {32 * warp}) return;
-  const unsigned n = phase_count++;
+  const int n = phase_count();
   if (n >= {MARKS}) return;
+  phase_count() = n + 1;
   unsigned long long* at = {spare_words(str(2 * MARKS), "2 * n")};
   at[0] = id;
   at[1] = now_ns();
@@ -68,13 +75,13 @@ __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
 """
 
 
-BEFORE = "__device__ __forceinline__ bool quit_seen("  # after now_ns and Params
+BEFORE = "// ---- the loader warp"  # after now_ns, Params and carve
 RESET = "  uint32_t consumed = 0;\n"  # run_compute's start: the marking thread zeroes its count
 
 
 def marked_source(source: str, marks: list[str], warp: int = 0) -> str:
     """kernel.cu with `phase_mark(p, i)` at the start of the line holding marks[i], and the
-    function (compute warp `warp` stamping) ahead of every use (before quit_seen). Refuses a
+    function (compute warp `warp` stamping) ahead of every use (before the loader). Refuses a
     mark not once in the source."""
     for i, text in enumerate(marks):
         if source.count(text) != 1:
@@ -85,7 +92,8 @@ def marked_source(source: str, marks: list[str], warp: int = 0) -> str:
     if source.count(RESET) != 1:
         raise SystemExit(f"the kernel has {source.count(RESET)} lines {RESET.strip()!r}, not one: "
                          "nowhere to zero the marks' count")
-    source = source.replace(RESET, RESET + f"  if (threadIdx.x == {32 * warp}) phase_count = 0;\n")
+    zero = f"  if (threadIdx.x == {32 * warp}) phase_count() = 0;\n"
+    source = source.replace(RESET, RESET + zero)
     return source.replace(BEFORE, mark_function(warp) + BEFORE, 1)
 
 
@@ -97,7 +105,6 @@ def build(artifact: Path, out: Path, marks: list[str], warp: int = 0) -> dict:
         "COMPUTE_WARPS"]
     if not 0 <= warp < warps:
         raise SystemExit(f"--warp {warp}: the kernel has compute warps 0-{warps - 1}")
-    check_static_room(artifact, "the marks' count")
     report = make_variant(artifact, out, [], [[source, marked_source(source, marks, warp)]])
     (out / MARKS_FILE).write_text(json.dumps(marks, indent=1))
     return report
