@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 from tilertc.backends.cuda.codegen import compile_cubin
-from tilertc.ir.target import get_target
 
 
 def make_variant(src: Path, dst: Path, defines: list[str], replaces: list[list[str]]) -> dict:
@@ -44,22 +43,6 @@ def make_variant(src: Path, dst: Path, defines: list[str], replaces: list[list[s
     manifest["kernel"]["cubin_sha256"] = hashlib.sha256(cubin).hexdigest()
     manifest_path.write_text(json.dumps(manifest, indent=1))
     return report
-
-
-# A probe's static shared words sit beside the kernel's dynamic shared memory, within what a CTA
-# of the target may opt into, less the 1 KB the kernel's cubin already declares and 16 B for them.
-STATIC_ROOM = 1024 + 16
-
-
-def check_static_room(artifact: Path, what: str) -> None:
-    """Refuses an artifact whose dynamic shared memory leaves no room for `what`, a probe's
-    static shared words."""
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    smem = manifest["kernel"].get("smem_bytes", 0)
-    limit = get_target(manifest["target"]["name"]).smem_per_block - STATIC_ROOM
-    if smem > limit:
-        raise SystemExit(f"{artifact}: {smem} B of shared memory leave no room for {what} (at most "
-                         f"{limit}); compile it with a smaller --tune page_kb")
 
 
 def summary(out: Path, report: dict) -> str:
