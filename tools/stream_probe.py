@@ -54,7 +54,8 @@ def page_stamps(index: str) -> str:
 # the stamp of each staging's end, and a static shared word of its own left no room in kernels
 # whose ring fills shared memory (GLM-5's one-layer models).
 STAMP_AT = "s.flags[FLAG_WORDS - 1]"
-STAGED = f"    if (const int at = {STAMP_AT}; ct == 0 && at >= 0) p.profile[at] = now_ns();\n"
+STAGED = (f"    if (ct == 0) {{ const int at = {STAMP_AT}; "
+          "if (at >= 0) p.profile[at] = now_ns(); }\n")
 # (old, new) edits of the device library's text in kernel.cu; PROBE_PAGES is the variant's #define
 LOADER_ISSUE = "        uint8_t* page = start_page(p, s, issued, bytes, full);\n" \
                "        if (!page) goto drain;\n"
