@@ -53,15 +53,14 @@ MARKS_FILE = "phase_marks.json"
 
 def mark_function(warp: int) -> str:
     """`phase_mark(p, id)`: lane 0 of compute warp `warp` writes (id, globaltimer) in CTA
-    blockIdx.x's next slot past the steps. Its count of marks is the spare last word of the
-    kernel's shared flags (Shared::flags), set to 0 at the launch's start (RESET): a count in
+    blockIdx.x's next slot past the steps. Its count of marks is the kernel's shared flag
+    word kept for the probes (FLAG_PROBE), set to 0 at the launch's start (RESET): a count in
     global memory was loaded again at each mark, an L2 round trip that held the marking warp,
     and so every barrier it reaches, in every mark; a static shared word of its own left no room
     in kernels whose ring fills shared memory (GLM-5's one-layer models)."""
-    return f"""static_assert(FLAG_HOLD + 1 < FLAG_WORDS, "the marks' count: the last flag");
-__device__ __forceinline__ volatile int& phase_count() {{  // this CTA's marks written
+    return f"""__device__ __forceinline__ volatile int& phase_count() {{  // the CTA's marks so far
   extern __shared__ __align__(128) uint8_t phase_smem[];
-  return carve(phase_smem).flags[FLAG_WORDS - 1];
+  return carve(phase_smem).flags[FLAG_PROBE];
 }}
 __device__ __forceinline__ void phase_mark(const Params& p, int id) {{
   if (!p.profile || threadIdx.x != {32 * warp}) return;

@@ -49,11 +49,11 @@ def page_stamps(index: str) -> str:
 
 
 # the end of a task's staging, stamped in place of its start. Where the task's stamps lie (their
-# offset into p.profile, -1 when not profiled) is the spare last word of the kernel's shared flags:
-# read from global memory after thread 0's own store, it cost thread 0 an L2 round trip before
-# the stamp of each staging's end, and a static shared word of its own left no room in kernels
-# whose ring fills shared memory (GLM-5's one-layer models).
-STAMP_AT = "s.flags[FLAG_WORDS - 1]"
+# offset into p.profile, -1 when not profiled) is the kernel's shared flag word kept for the
+# probes: read from global memory after thread 0's own store, it cost thread 0 an L2 round trip
+# before the stamp of each staging's end, and a static shared word of its own left no room in
+# kernels whose ring fills shared memory (GLM-5's one-layer models).
+STAMP_AT = "s.flags[FLAG_PROBE]"
 STAGED = (f"    if (ct == 0) {{ const int at = {STAMP_AT}; "
           "if (at >= 0) p.profile[at] = now_ns(); }\n")
 # (old, new) edits of the device library's text in kernel.cu; PROBE_PAGES is the variant's #define
@@ -73,9 +73,6 @@ EDITS = [
     ("      release_page(s, slot);\n    }\n  }\n  consumed = page_index;\n",
      "      release_page(s, slot);\n    }\n    if (probe) probe[3] = now_ns();\n  }\n"
      "  consumed = page_index;\n"),
-    ("__device__ __forceinline__ void release_page(",
-     "static_assert(FLAG_HOLD + 1 < FLAG_WORDS, \"the stamps' offset: the last flag\");\n"
-     "__device__ __forceinline__ void release_page("),
     ("      if (stamp) stamp[1] = now_ns();\n",
      "      if (stamp) stamp[1] = now_ns();\n"
      f"      if (ct == 0) {STAMP_AT} = stamp ? static_cast<int>(stamp - p.profile) : -1;\n"),

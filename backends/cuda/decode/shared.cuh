@@ -1,6 +1,10 @@
 // ---- shared memory ------------------------------------------------------------------------
 constexpr int FLAG_HOLD = 6;  // see Shared::flags
-static_assert(FLAG_HOLD < FLAG_WORDS, "the flags' words hold the hold");
+// The last word is the probes' (tools/phase_probe.py: the marks' count; tools/stream_probe.py:
+// where a task's stamps lie): a static shared word of their own left no room in kernels whose
+// ring fills shared memory.
+constexpr int FLAG_PROBE = 7;
+static_assert(FLAG_HOLD < FLAG_PROBE && FLAG_PROBE < FLAG_WORDS, "the flag words hold both");
 struct Shared {
   uint8_t* ring;         // RING_PAGES x PAGE_BYTES weight pages
   float* vec;            // MAX_K fp32: the input vector of a task (attention: q/k/v heads)
@@ -9,7 +13,7 @@ struct Shared {
   uint64_t* full;        // RING_PAGES: page holds weights
   uint64_t* empty;       // RING_PAGES: the page's warp group is done with it
   volatile int* flags;   // FLAG_WORDS: [0] quit, [1] pages consumed; [2..4] broadcasts (see users); [5] sample mode;
-                         // [FLAG_HOLD] the loader's copies held (pages.cuh: hold_copies)
+                         // [FLAG_HOLD] the loader's copies held (pages.cuh: hold_copies); [FLAG_PROBE] the probes' (above)
   int* task;             // [TASK_SLOTS][TASK_SLOT]: compute's task rows (run_compute)
 };
 static_assert(TASK_FIELDS <= TASK_SLOT, "a task row fits its shared-memory slot (passes/residency.py)");
