@@ -12,7 +12,7 @@ constexpr int DIGIT_GROUP = 8;
 // Where digit 0 of column c of a one-piece tile input of k columns lies (stage_digits' layout:
 // a chunk of 16 columns of a segment is 64 bytes, its digit n 16 bytes, n 16 bytes on).
 __device__ __forceinline__ int digit_byte(int k, int c) {
-  const int S = tile_segments(k), kseg = k / S, j = c / kseg, o = c - j * kseg;
+  const int S = tile_segments(k), kseg = k >> tile_shift(k), j = c / kseg, o = c - j * kseg;
   return ((o >> 4) * S + j) * 64 + (o & 15);
 }
 
@@ -77,7 +77,7 @@ __device__ void put_ready_digits(const Params& p, Shared& s, const int* t, int r
 // of a warp fall in distinct banks.
 __device__ void stage_ready_digits(const Params& p, Shared& s, const int* t, int ct) {
   constexpr int NT = COMPUTE_WARPS * 32, PER_BLOCK = FP8_BLOCK_COLS / DIGIT_GROUP;
-  const int k = t[F_K], groups = k / DIGIT_GROUP, digits16 = k / 4, S = tile_segments(k), kseg = k / S;
+  const int k = t[F_K], groups = k / DIGIT_GROUP, digits16 = k / 4, S = tile_segments(k), kseg = k >> tile_shift(k);
   const bool norm = normed(t);
   const uint8_t* __restrict__ src = reinterpret_cast<const uint8_t*>(p.act + t[F_DIGITS_IN]);
   uint8_t* __restrict__ b = reinterpret_cast<uint8_t*>(s.vec);

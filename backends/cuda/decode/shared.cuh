@@ -67,9 +67,14 @@ __device__ __forceinline__ int rows_per_page(const int* t) { return PAGE_BYTES /
 // The sums of an output row: a gate/up pair's two (EPI_SILU_MUL), else one.
 __device__ __forceinline__ int row_halves(const int* t) { return t[F_EPILOGUE] == EPI_SILU_MUL ? 2 : 1; }
 #if FP8_MMA  // an FP8 tile task's geometry (tile_pages)
+// Its counts are powers of two, taken by shifts: warp 0 works them out at every tile task's start,
+// on the way to its staging, where ~10 integer divisions by values read from the task row (a
+// chain of ~20 dependent instructions each) took 0.75-0.9 us a task (H100; docs/performance.md,
+// session 61).
 // The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
 // tile_segments); a tile is 64 / S rows.
-__device__ __forceinline__ int tile_segments(int k) { return k % 1024 == 0 ? 8 : 4; }
+__device__ __forceinline__ int tile_shift(int k) { return k % 1024 == 0 ? 3 : 2; }  // log2 S
+__device__ __forceinline__ int tile_segments(int k) { return 1 << tile_shift(k); }
 // The pieces of a tile task's rows, each with its own tiles and its own part of the input: one,
 // or a MoE down task's slots' and the shared expert's (whose width tiling makes a slot's: a
 // piece is F_K / pieces columns); their sums add up (tile_pages).
@@ -79,19 +84,23 @@ __device__ __forceinline__ int tile_pieces(const int* t) {
 #endif
   return 1;
 }
-__device__ __forceinline__ int tile_k(const int* t) { return t[F_K] / tile_pieces(t); }  // a piece's columns
-// The columns C of a unit: F_ROW_BYTES = 64 C values + S C / 128 fp32 scales = C (2048 + S) / 32.
-__device__ __forceinline__ int unit_cols(const int* t) { return 32 * t[F_ROW_BYTES] / (2048 + tile_segments(tile_k(t))); }
+__device__ __forceinline__ int tile_k(const int* t) {  // a piece's columns
+  const int pieces = tile_pieces(t);
+  return pieces == 1 ? t[F_K] : t[F_K] / pieces;
+}
+// log2 of the columns C of a unit, 128 or 256 (ir/fp8.py: tile_unit_cols): F_ROW_BYTES = 64 C
+// values + S C / 128 fp32 scales, 8192 + 4 S bytes or 16384 + 8 S.
+__device__ __forceinline__ int unit_shift(const int* t) { return t[F_ROW_BYTES] > 64 * 256 ? 8 : 7; }
+__device__ __forceinline__ int unit_cols(const int* t) { return 1 << unit_shift(t); }
 // The units of one piece of a tile: a piece's k / S columns of a segment, C a unit.
 __device__ __forceinline__ int tile_units(const int* t) {
   const int k = tile_k(t);
-  return k / tile_segments(k) / unit_cols(t);
+  return k >> tile_shift(k) >> unit_shift(t);
 }
 // A piece's units over all the task's tiles (a gate/up task's rows have a gate and an up tile),
-// which stream one piece after another (copy_pieces).
+// which stream one piece after another (copy_pieces). A task's rows are whole tiles of 64 / S.
 __device__ __forceinline__ int piece_units(const int* t) {
-  return (t[F_ROW1] - t[F_ROW0]) / (64 / tile_segments(tile_k(t))) * row_halves(t) *
-         tile_units(t);
+  return ((t[F_ROW1] - t[F_ROW0]) >> (6 - tile_shift(tile_k(t)))) * row_halves(t) * tile_units(t);
 }
 #endif
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an

@@ -81,9 +81,9 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int n) {
 #endif
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
-  const int k = t[F_K], kp = tile_k(t), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
-  const int per_piece = kp / FP8_BLOCK_COLS, kseg = kp / S;
-  const int chunks = kp / 16, sbits = S == 8 ? 3 : 2;  // chunk records of a piece; log2 S
+  const int k = t[F_K], kp = tile_k(t), sbits = tile_shift(kp), S = 1 << sbits, blocks = k / FP8_BLOCK_COLS;
+  const int per_piece = kp / FP8_BLOCK_COLS, kseg = kp >> sbits;
+  const int chunks = kp / 16;  // chunk records of a piece
   const bool norm = normed(t);
   const TaskInput in = task_input(p, t);
   const float4* __restrict__ gamma = reinterpret_cast<const float4*>(p.act + t[F_AUX]);

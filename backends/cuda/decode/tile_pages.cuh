@@ -53,7 +53,7 @@ template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int task_units, int rb, int rpp, int halves,
                            uint32_t& consumed, int lane, int group, int gw) {
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
-  const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg / C;
+  const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg >> unit_shift(t);
   const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS, per_piece = kp / FP8_BLOCK_COLS;
   const int units = pieces > 1 ? piece_units(t) : 0;  // a piece's units of the task
   const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
