@@ -210,6 +210,8 @@ def step_source() -> str:
         k.definition("__device__ __forceinline__ int tile_units"),
         k.definition("__device__ __forceinline__ int piece_units"), "#endif",
         k.definition("__device__ __forceinline__ int stream_rows"),
+        k.line("static_assert(MAX_SEQ <= "),
+        k.definition("__device__ __forceinline__ long long chunk_start("),
         k.line("constexpr int SIGNAL_THREAD"),
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
         k.definition("__device__ __forceinline__ uint8_t* start_page("),

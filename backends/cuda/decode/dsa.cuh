@@ -179,7 +179,7 @@ __device__ __forceinline__ void dsa_scores(const DsaStage& m, int nb, int warp, 
 // per key adds its m-tiles' sums in order (deterministic) into F_OUT at the key's position.
 __device__ void run_dsa_score(const Params& p, Shared& s, const int* t, long long pos, int ct) {
   const int warp = ct >> 5, lane = ct & 31, chunks = t[F_COUNT], c = t[F_CHUNK];
-  const long long n = pos + 1, k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  const long long n = pos + 1, k0 = chunk_start(n, c, chunks), k1 = chunk_start(n, c + 1, chunks);
   const DsaStage m{s.vec};
   dsa_load_block(p, t, m, k0, k1, pos, ct);
   if (c == chunks - 1 && warp == COMPUTE_WARPS - 1)

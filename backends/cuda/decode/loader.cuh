@@ -133,8 +133,9 @@ struct KvChunk {
   long long k0, past;  // the chunk's first key; its keys before this step's position
 };
 __device__ __forceinline__ KvChunk kv_chunk(const int* t, long long pos) {
-  const long long n = pos + 1, chunks = t[F_COUNT], c = t[F_CHUNK];
-  const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  const long long n = pos + 1;
+  const int chunks = t[F_COUNT], c = t[F_CHUNK];
+  const long long k0 = chunk_start(n, c, chunks), k1 = chunk_start(n, c + 1, chunks);
   return {k0, max(0LL, min(k1, pos) - k0)};
 }
 

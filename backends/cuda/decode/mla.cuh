@@ -367,7 +367,7 @@ __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long
 #else
   const long long n = pos + 1;
 #endif
-  const long long k0 = n * c / chunks, k1 = n * (c + 1) / chunks;
+  const long long k0 = chunk_start(n, c, chunks), k1 = chunk_start(n, c + 1, chunks);
   const MlaStage stage{s.vec};
   // the first two blocks' row ids are loaded before the rope factors are stored: the store to
   // shared memory, which may alias p.act as far as the compiler knows, would otherwise hold the

@@ -103,6 +103,13 @@ __device__ __forceinline__ int piece_units(const int* t) {
   return ((t[F_ROW1] - t[F_ROW0]) >> (6 - tile_shift(tile_k(t)))) * row_halves(t) * tile_units(t);
 }
 #endif
+// The first of n keys in context chunk c of `chunks` (an attention, DSA score or KV-loader task's
+// chunk): n c / chunks, in 32 bits, where a 64-bit division was a call of ~100 instructions at
+// the start of each such task.
+static_assert(MAX_SEQ <= 0x7fffffff / 64, "n c fits 32 bits for up to 64 chunks");
+__device__ __forceinline__ long long chunk_start(long long n, int c, int chunks) {
+  return static_cast<int>(n) * c / chunks;
+}
 // The rows a matrix-vector task's weights stream as, F_ROW_BYTES each: its output rows, or an
 // FP8 tile task's units, every piece's.
 __device__ __forceinline__ int stream_rows(const int* t) {
