@@ -130,6 +130,17 @@ def test_pages_hold_whole_units_and_the_vector_holds_the_digits(name: str) -> No
         assert vec >= k + k // 128
 
 
+def test_a_units_bytes_tell_its_columns_as_the_kernel_reads_them() -> None:
+    """The kernel takes a unit's columns C off its row bytes by a threshold, not a division
+    (decode/shared.cuh: unit_shift, C = 256 above 64 x 256 bytes, else 128) and S off k
+    (tile_shift): every width that tiles must keep C and S to those two values each."""
+    for k in range(512, 65536 + 1, 512):
+        cols, segments = tile_unit_cols(k), tile_segments(k)
+        assert cols in (128, 256) and segments in (4, 8)
+        assert (tile_unit_bytes(k) > 64 * 256) == (cols == 256), k
+        assert (k % 1024 == 0) == (segments == 8), k
+
+
 @pytest.mark.parametrize(("k", "segments", "cols", "parts"), [(4096, 8, 256, 2), (1536, 4, 128, 3)])
 def test_pack_tiles_places_every_value_and_scale_where_the_kernel_reads_it(
         k: int, segments: int, cols: int, parts: int) -> None:
