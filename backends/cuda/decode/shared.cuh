@@ -69,7 +69,7 @@ __device__ __forceinline__ int row_halves(const int* t) { return t[F_EPILOGUE] =
 #if FP8_MMA  // an FP8 tile task's geometry (tile_pages)
 // Its counts are powers of two, taken by shifts: warp 0 works them out at every tile task's start,
 // on the way to its staging, where ~10 integer divisions by values read from the task row (a
-// chain of ~20 dependent instructions each) took 0.75-0.9 us a task (H100; docs/performance.md,
+// chain of ~20 dependent instructions each) took 0.76-0.94 us a task (H100; docs/performance.md,
 // session 61).
 // The segments S of its rows of k columns: 8 when k is whole 1024s, else 4 (ir/fp8.py:
 // tile_segments); a tile is 64 / S rows.

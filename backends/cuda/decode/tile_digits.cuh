@@ -81,7 +81,7 @@ __device__ __forceinline__ uint32_t digit_word(const FixedColumns& f, int n) {
 #endif
 constexpr int STAGE_BLOCKS = 4;
 __device__ void stage_digits(const Params& p, Shared& s, const int* t, int ct) {
-  const int k = t[F_K], kp = tile_k(t), sbits = tile_shift(kp), S = 1 << sbits, blocks = k / FP8_BLOCK_COLS;
+  const int k = t[F_K], kp = tile_k(t), sbits = tile_shift(kp), S = tile_segments(kp), blocks = k / FP8_BLOCK_COLS;
   const int per_piece = kp / FP8_BLOCK_COLS, kseg = kp >> sbits;
   const int chunks = kp / 16;  // chunk records of a piece
   const bool norm = normed(t);
