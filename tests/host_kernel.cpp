@@ -231,6 +231,7 @@ static unsigned __match_any_sync(unsigned, int v) {
 }
 static inline int __popc(unsigned v) { return __builtin_popcount(v); }
 static inline int __ffs(int v) { return __builtin_ffs(v); }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return static_cast<unsigned>((1ull * a * b) >> 32); }
 
 static void fiber_main() {
   (*body)(tl_ct);

@@ -28,9 +28,10 @@ class KernelSource:
 
     def prelude(self) -> list[str]:
         """What every harness needs: the task table's and parameters' enums, warp_sum and
-        warp_max, and the shared-memory struct with its flag index."""
+        warp_max, the shared-memory struct with its flag index, and Divisor."""
         enums = self.src.index("enum Opcode")
         return [self.src[enums:self.src.index("\n", self.src.index("enum ErrorCode"))],
                 self.definition("__device__ __forceinline__ float warp_sum"),
                 self.definition("__device__ __forceinline__ float warp_max"),
-                self.line("constexpr int FLAG_HOLD"), self.definition("struct Shared {")]
+                self.line("constexpr int FLAG_HOLD"), self.definition("struct Shared {"),
+                self.definition("struct Divisor {")]

@@ -48,12 +48,13 @@ def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
     assert {k: v for k, v in ds.items() if k.startswith("MOE")} == {
         "MOE": 1, "MOE_EXPERTS": 8, "MOE_TOP_K": 2, "MOE_NORM_TOPK_PROB": 1,
         "MOE_SCALING": "2.5f", "MOE_SIGMOID": 1, "MOE_BIAS": 1, "MOE_GROUPS": 4,
-        "MOE_TOPK_GROUP": 2, "MOE_SHARED_K": 32}
+        "MOE_TOPK_GROUP": 2, "MOE_SHARED_K": 32, "MOE_SLOT_K": 32}
     assert ds["MLA"] == 1
     qwen = codegen.constants(tilertc.schedule(tilertc.load_spec("qwen3-moe-tiny")))
     assert {k: qwen[k] for k in ("MOE_SIGMOID", "MOE_BIAS", "MOE_GROUPS", "MOE_TOPK_GROUP",
-                                 "MOE_SHARED_K")} == {
-        "MOE_SIGMOID": 0, "MOE_BIAS": 0, "MOE_GROUPS": 1, "MOE_TOPK_GROUP": 1, "MOE_SHARED_K": 0}
+                                 "MOE_SHARED_K", "MOE_SLOT_K")} == {
+        "MOE_SIGMOID": 0, "MOE_BIAS": 0, "MOE_GROUPS": 1, "MOE_TOPK_GROUP": 1, "MOE_SHARED_K": 0,
+        "MOE_SLOT_K": 32}
 
 
 def test_deepseek_artifacts_compile_without_spills(tmp_path: Path) -> None:

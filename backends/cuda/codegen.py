@@ -222,19 +222,23 @@ def _check_moe(op) -> None:
 def _moe(program: Program, topk: dict) -> dict[str, object]:
     """The router's constants and the shared expert's width (0: none), which every MoE layer
     of a model shares: the router keeps its scores in registers, the loader and the staging
-    of a down task know where its routed pieces end. Under tp > 1 also each rank's experts and
+    of a down task know where its routed pieces end and how wide a slot's are (a constant, so
+    that a down task's start divides by none). Under tp > 1 also each rank's experts and
     slots (route_local keeps the chosen experts of its rank)."""
     downs = [op for op in program.graph.ops() if op.opcode == "moe_down_add"]
     shared = {op.attrs["shared_intermediate"] for op in downs}
-    if len(shared) > 1:
-        raise ScheduleError(f"MoE layers with different shared experts ({sorted(shared)}) are "
-                            "not yet in the CUDA backend")
+    slot = {op.attrs["intermediate_size"] for op in downs}
+    for what, widths in (("shared experts", shared), ("expert widths", slot)):
+        if len(widths) > 1:
+            raise ScheduleError(f"MoE layers with different {what} ({sorted(widths)}) are "
+                                "not yet in the CUDA backend")
     return {"MOE_EXPERTS": topk["num_experts"], "MOE_TOP_K": topk["top_k"],
             "MOE_NORM_TOPK_PROB": int(topk["norm_topk_prob"]),
             "MOE_SCALING": f"{float(topk['routed_scaling_factor'])!r}f",
             "MOE_SIGMOID": int(topk["scoring"] == "sigmoid"),
             "MOE_BIAS": int(topk["bias"]), "MOE_GROUPS": topk["n_group"],
             "MOE_TOPK_GROUP": topk["topk_group"], "MOE_SHARED_K": shared.pop(),
+            "MOE_SLOT_K": slot.pop(),
             **({} if program.tp == 1 else {"MOE_LOCAL": topk["num_experts"] // program.tp,
                                             "MOE_SLOTS": downs[0].attrs["slots"]})}
 

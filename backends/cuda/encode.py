@@ -165,6 +165,9 @@ def _head_matvec(program: Program, t: Task, op) -> dict[str, int]:
     v expansion (`merges`) the attention's chunk count and partial results."""
     a = op.attrs
     w = program.graph.tensors[op.inputs[1]]
+    if a["rows_per_head"] * w.shape[0] >= 1 << 32:  # decode/shared.cuh: Divisor
+        raise ScheduleError(f"op {op.name!r}: {w.shape[0]} rows in heads of "
+                            f"{a['rows_per_head']} are past the kernel's 32-bit head division")
     out = {"in": _view(program, op, "x"), "in_stride": a["in_stride"],
            "head_rows": a["rows_per_head"], "append": 0}
     if "merges" in a:

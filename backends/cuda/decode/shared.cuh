@@ -36,6 +36,17 @@ __device__ __forceinline__ const int* task_row(const Params& p, int id) { return
 __device__ __forceinline__ const uint8_t* task_weights(const Params& p, const int* t) {
   return p.weights + ((static_cast<long long>(t[F_W_HI]) << 32) | static_cast<uint32_t>(t[F_W_LO])) * 16;
 }
+// Division of n >= 0 by a d >= 1 that is fixed for a task (read from its row) and divides many
+// values: its reciprocal m = ceil(2^32 / d) taken once, then each quotient one multiply-high,
+// where the compiler's division by a value it cannot see is ~20 dependent instructions
+// (tools/divisions.py counts them). Exact while n d < 2^32: n m / 2^32 = n / d + n e / (d 2^32)
+// with e = m d - 2^32 < d, and that excess stays under the 1 / d between n / d and the next
+// integer. d = 1 (m would be 2^32) keeps m = 0 and takes n itself.
+struct Divisor {
+  uint32_t m;
+  __device__ __forceinline__ explicit Divisor(int d) : m(d == 1 ? 0u : 0xffffffffu / d + 1) {}
+  __device__ __forceinline__ int operator()(int n) const { return m ? __umulhi(n, m) : n; }
+};
 // Matrix-vector tasks: norm_matvec and a MoE gate/up stage an RMS-normalized input;
 // matvec_add and a MoE down projection add a residual. The MoE opcodes exist only in MoE
 // kernels, so that a dense kernel tests for what it always did.
@@ -77,7 +88,7 @@ __device__ __forceinline__ int tile_shift(int k) { return k % 1024 == 0 ? 3 : 2;
 __device__ __forceinline__ int tile_segments(int k) { return 1 << tile_shift(k); }
 // The pieces of a tile task's rows, each with its own tiles and its own part of the input: one,
 // or a MoE down task's slots' and the shared expert's (whose width tiling makes a slot's: a
-// piece is F_K / pieces columns); their sums add up (tile_pages).
+// piece is MOE_SLOT_K columns); their sums add up (tile_pages).
 __device__ __forceinline__ int tile_pieces(const int* t) {
 #if MOE
   if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return t[F_SLOTS] + (MOE_SHARED_K > 0);
@@ -85,8 +96,10 @@ __device__ __forceinline__ int tile_pieces(const int* t) {
   return 1;
 }
 __device__ __forceinline__ int tile_k(const int* t) {  // a piece's columns
-  const int pieces = tile_pieces(t);
-  return pieces == 1 ? t[F_K] : t[F_K] / pieces;
+#if MOE
+  if (t[F_OPCODE] == OP_MOE_DOWN_ADD) return MOE_SLOT_K;
+#endif
+  return t[F_K];
 }
 // log2 of the columns C of a unit, 128 or 256 (ir/fp8.py: tile_unit_cols): F_ROW_BYTES = 64 C
 // values + S C / 128 fp32 scales, 8192 + 4 S bytes or 16384 + 8 S.

@@ -15,13 +15,15 @@
 // after which the compiler read the task row again for every row (a v expansion page of 124
 // rows: 5.9 us with those reads, 5.4 without; H200, docs/performance.md).
 struct HeadInputs {
-  int row0, first, head_rows, k;  // k = 0: every row reads the one input
+  int row0, first, k;  // k = 0: every row reads the one input
+  Divisor head_rows;
   __device__ __forceinline__ int operator()(int i) const { return k ? head(i) * k : 0; }
-  __device__ __forceinline__ int head(int i) const { return (row0 + i) / head_rows - first; }  // the task's own count
+  __device__ __forceinline__ int head(int i) const { return head_rows(row0 + i) - first; }  // the task's own count
 };
 __device__ __forceinline__ HeadInputs head_inputs(const int* t) {
-  if (t[F_OPCODE] != OP_HEAD_MATVEC) return {0, 0, 1, 0};
-  return {t[F_ROW0], t[F_ROW0] / t[F_HEAD_ROWS], t[F_HEAD_ROWS], t[F_K]};
+  if (t[F_OPCODE] != OP_HEAD_MATVEC) return {0, 0, 0, Divisor(1)};
+  const Divisor head_rows(t[F_HEAD_ROWS]);
+  return {t[F_ROW0], head_rows(t[F_ROW0]), t[F_K], head_rows};
 }
 // MLA attention's result of a chunk of a head group (run_mla_attention): per head its MLA_RANK
 // sums, its max and its sum.
@@ -132,7 +134,6 @@ struct TaskInput {
 #endif
 #if MOE
   const float* combine;  // a down task's combine weights, one per slot; null in any other task
-  int slot_floats;       // a slot's activations
 #endif
 #if MOE_SHARED_K
   const float4* shared;  // a down task's inputs from 4 routed4 on
@@ -144,7 +145,7 @@ struct TaskInput {
 #if MOE_SHARED_K
     if (i >= routed4) return 1.f;
 #endif
-    return __ldcg(combine + 4 * i / slot_floats);
+    return __ldcg(combine + 4 * i / MOE_SLOT_K);
   }
 #endif
   // what unweighted(i) is still to be multiplied by: a down task's combine weight, else 1
@@ -189,7 +190,6 @@ __device__ __forceinline__ TaskInput task_input(const Params& p, const int* t) {
 #if MOE
   const bool down = t[F_OPCODE] == OP_MOE_DOWN_ADD;
   in.combine = down ? p.act + t[F_AUX2] : nullptr;
-  in.slot_floats = down ? (t[F_K] - MOE_SHARED_K) / t[F_SLOTS] : 1;
 #endif
 #if MOE_SHARED_K
   in.shared = reinterpret_cast<const float4*>(p.act + t[F_SHARED_IN]);

@@ -53,9 +53,10 @@ template <int S>
 __device__ void tile_pages(const Params& p, Shared& s, const int* t, int task_units, int rb, int rpp, int halves,
                            uint32_t& consumed, int lane, int group, int gw) {
   constexpr int N = TILE_DIGITS * S, R = TILE_M / S, ROWS = S == 8 ? 1 : 2, CHUNK = 16 * N;  // CHUNK: B's 16 columns
-  const int kp = tile_k(t), pieces = tile_pieces(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg >> unit_shift(t);
+  const int kp = tile_k(t), C = unit_cols(t), kseg = kp / S, per_tile = kseg >> unit_shift(t);
   const int blocks = C / FP8_BLOCK_COLS, per_segment = kseg / FP8_BLOCK_COLS, per_piece = kp / FP8_BLOCK_COLS;
-  const int units = pieces > 1 ? piece_units(t) : 0;  // a piece's units of the task
+  const int units = piece_units(t);  // a piece's units of the task (all of them in one piece)
+  const Divisor by_piece(units), by_tile(per_tile);  // a unit's piece and tile (below)
   const int wg = gw / 4, w = gw % 4, g = lane >> 2, q = lane & 3, j = S == 8 ? 2 * w + q / 2 : w;
   const float f0 = q & 1 ? 0x1p-8f : 1.f, f1 = f0 * 0x1p-4f;  // 2^(-4 t) of digits 2 (q % 2), + 1
   const uint8_t* xb = reinterpret_cast<const uint8_t*>(s.vec);
@@ -97,12 +98,8 @@ __device__ void tile_pages(const Params& p, Shared& s, const int* t, int task_un
     const int run = (n + WG - 1) / WG, last = min(n, (wg + 1) * run) - 1;  // the warpgroup's last unit
     if (last < wg * run) release_page(s, slot);  // no unit of the page
     for (int i = wg * run; i <= last; ++i) {
-      int piece = 0, pu = u0 + i;  // pu: the unit's index among its piece's
-      if (pieces > 1) {
-        piece = pu / units;
-        pu %= units;
-      }
-      const int unit_tile = pu / per_tile, part = pu % per_tile;
+      const int piece = by_piece(u0 + i), pu = u0 + i - piece * units;  // pu: the unit's index among its piece's
+      const int unit_tile = by_tile(pu), part = pu - unit_tile * per_tile;
       if (unit_tile != tile) {
         if (tile >= 0) flush(tile, y);
         tile = unit_tile;
