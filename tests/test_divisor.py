@@ -7,17 +7,17 @@ from __future__ import annotations
 import random
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
 from kernel_source import KernelSource
 
 HOST = """#include <cstdint>
 #include <cstdio>
 #define __device__
 #define __forceinline__ inline
-static inline unsigned __umulhi(unsigned a, unsigned b) { return static_cast<unsigned>((1ull * a * b) >> 32); }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+  return static_cast<unsigned>((1ull * a * b) >> 32);
+}
 """
 MAIN = """int main() {
   long long n, d;
