@@ -34,13 +34,14 @@ from test_moe_kernel import (
 from test_sampling import bits, build_host_kernel, run_host_kernel
 
 import tilertc
-from tilertc.backends.cuda import codegen
+from tilertc.backends.cuda import codegen, encode
 from tilertc.backends.cuda.encode import FIELDS, MLA_FIELDS, MOE_FIELDS, OPCODES, SHARED_FIELDS
 from tilertc.driver import CompileOptions, compile
 from tilertc.engine import pack_weights
 from tilertc.ir.moe import route
 from tilertc.ir.weights import random_weights
 from tilertc.model_specs.hf import with_weight_dtype
+from tilertc.passes.program import ScheduleError
 
 
 def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
@@ -55,6 +56,30 @@ def test_codegen_compiles_deepseek_routing_only_for_it() -> None:
                                  "MOE_SHARED_K", "MOE_SLOT_K")} == {
         "MOE_SIGMOID": 0, "MOE_BIAS": 0, "MOE_GROUPS": 1, "MOE_TOPK_GROUP": 1, "MOE_SHARED_K": 0,
         "MOE_SLOT_K": 32}
+
+
+@pytest.mark.parametrize("attr, what", [("shared_intermediate", "shared experts"),
+                                        ("intermediate_size", "expert widths")])
+def test_codegen_refuses_moe_layers_of_different_widths(attr: str, what: str) -> None:
+    """The kernel takes every MoE layer's shared expert and expert width as constants
+    (MOE_SHARED_K, MOE_SLOT_K); a model whose layers differ is refused by name."""
+    program = tilertc.schedule(tilertc.load_spec("deepseek-v3-tiny"))
+    down = next(op for op in program.graph.ops() if op.opcode == "moe_down_add")
+    down.attrs[attr] += 16
+    with pytest.raises(ScheduleError, match=f"MoE layers with different {what}"):
+        codegen.constants(program)
+
+
+def test_encoding_refuses_head_rows_past_the_kernels_head_division() -> None:
+    """decode/shared.cuh's Divisor is exact while a row index times the divisor stays under
+    2^32: a head_matvec past that is refused by name, not divided wrongly."""
+    program = tilertc.schedule(tilertc.load_spec("deepseek-v3-tiny"))
+    op = next(op for op in program.graph.ops() if op.opcode == "head_matvec")
+    task = program.tasks_of(op.name)[0]
+    encode.encode_task(program, task)  # as scheduled: fine
+    op.attrs["rows_per_head"] = -(-(1 << 32) // program.graph.tensors[op.inputs[1]].shape[0])
+    with pytest.raises(ScheduleError, match="32-bit head division"):
+        encode.encode_task(program, task)
 
 
 def test_deepseek_artifacts_compile_without_spills(tmp_path: Path) -> None:
