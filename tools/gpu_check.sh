@@ -21,7 +21,8 @@
 #   layers    issue 6's per-layer bench: one FP8 dense and one FP8 MoE layer of DeepSeek-V3.2 and
 #             of GLM-5 against their rooflines (`tilertc bench MODEL --weight-dtype fp8
 #             --per-layer --layers-timed 2 --context 1024 --gen 128`; ~2.5 minutes a model on
-#             an H100);
+#             an H100); LAYER_MODELS="glm-5" (say) times only those, for a call with less
+#             device time left than both take;
 #   ab        two builds of each one-layer model side by side: for every pair of artifacts
 #             .out/ab/NAME-old and .out/ab/NAME-new (built on the development machine, e.g.
 #             `python tools/one_layer.py glm-5 moe .out/ab/glm-new --weight-dtype fp8` and the
@@ -112,7 +113,7 @@ bench() {
 
 layers() {
     local model
-    for model in deepseek-v3.2 glm-5; do
+    for model in ${LAYER_MODELS:-deepseek-v3.2 glm-5}; do
         timeout 240 tilertc bench "$model" --weight-dtype fp8 --per-layer --layers-timed 2 \
             --context 1024 --gen 128 --out "$out/per-layer-$model" >"$out/per-layer-$model.txt" 2>&1
         echo "layers $model (rc $?):"
