@@ -44,7 +44,10 @@
 #             per op, staging, pages a task, a page's compute as compute thread 0 sees it, the
 #             waits for pages, into $out/stream.txt and to stdout.
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
-# summary line per step goes to stdout. TileLang artifacts compiled elsewhere are used when
+# summary line per step goes to stdout. With NEEDS_GPU set (e.g. NEEDS_GPU=H200) nothing runs
+# unless the GPU's name contains it: a call that asks for an H200 without needs_h200 may get an
+# H100, and a verdict run (`NEEDS_GPU=H200 bash tools/gpu_check.sh layers`) then costs the
+# machine's start instead of ~5 minutes of device time for timings that do not count. TileLang artifacts compiled elsewhere are used when
 # TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -59,6 +62,11 @@ for stage in "${stages[@]}"; do
     esac
 done
 
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if [ -n "${NEEDS_GPU:-}" ] && [[ "$gpu" != *"$NEEDS_GPU"* ]]; then
+    echo "NEEDS_GPU=$NEEDS_GPU, but this machine has ${gpu:-no GPU}: nothing run"
+    exit 3
+fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt" 2>&1 ||
     { echo "install failed: $out/install.txt"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
