@@ -47,8 +47,9 @@
 # summary line per step goes to stdout. With NEEDS_GPU set (e.g. NEEDS_GPU=H200) nothing runs
 # unless the GPU's name contains it: a call that asks for an H200 without needs_h200 may get an
 # H100, and a verdict run (`NEEDS_GPU=H200 bash tools/gpu_check.sh layers`) then costs the
-# machine's start instead of ~5 minutes of device time for timings that do not count. TileLang artifacts compiled elsewhere are used when
-# TILERTC_TILELANG_ARTIFACTS names them (docs/backends.md).
+# machine's start instead of ~5 minutes of device time for timings that do not count.
+# TileLang artifacts compiled elsewhere are used when TILERTC_TILELANG_ARTIFACTS names them
+# (docs/backends.md).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${OUT:-gpu-check}
@@ -62,14 +63,15 @@ for stage in "${stages[@]}"; do
     esac
 done
 
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+gpus=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)
+gpu=${gpus%%,*}  # the first GPU's name
 if [ -n "${NEEDS_GPU:-}" ] && [[ "$gpu" != *"$NEEDS_GPU"* ]]; then
     echo "NEEDS_GPU=$NEEDS_GPU, but this machine has ${gpu:-no GPU}: nothing run"
     exit 3
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt" 2>&1 ||
     { echo "install failed: $out/install.txt"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "${gpus:-nvidia-smi found no GPU}"
 
 # The `gpu` tests selected by a pytest -k expression (and pytest arguments after it), logged to
 # $out/pytest-NAME.txt.
