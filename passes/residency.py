@@ -81,10 +81,12 @@ def _mla_block(rank: int, rope: int) -> int:
 
 
 def mla_block_bytes(program: Program) -> int:
-    """Bytes of a block of the program's MLA attention (0 without one): its tasks keep every
-    other block in a ring page (decode/mla.cuh: mla_chunk), so that the next block's copies land
-    while one is computed."""
+    """Bytes of the ring page of the program's MLA attention (0 without one): its tasks keep
+    every other block in a ring page (decode/mla.cuh: mla_chunk), so that the next block's copies
+    land while one is computed, and after the block the position's RoPE cos | sin (fp32), which
+    warp 0 copies there before the task's dependency wait (mla_attention_early)."""
     return max((_mla_block(op.attrs["kv_lora_rank"], op.attrs["qk_rope_head_dim"])
+                + 4 * op.attrs["qk_rope_head_dim"]
                 for op in program.graph.ops() if op.opcode == "mla_attention"), default=0)
 
 
@@ -94,10 +96,11 @@ def mla_staged_floats(heads: int, rank: int, rope: int) -> int:
     lo, a block of `MLA_KEYS` cache rows (bf16; rows and queries padded to a multiple of 64
     values plus 8, so that fragment loads hit distinct banks), the block's scores summed over
     each of `MLA_KSPLIT` k-ranges, its probabilities (bf16 hi and lo, rows of MLA_KEYS + 8),
-    each head's softmax state and the position's RoPE cos | sin."""
+    each head's softmax state (the position's RoPE cos | sin are in the task's ring page:
+    mla_block_bytes)."""
     row = _mla_row(rank, rope)
     tile = MLA_TILE_ROWS * row + _mla_block(rank, rope) // 4 + MLA_KSPLIT * MLA_TILE_ROWS * MLA_KEYS
-    return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + 3 * heads + rope
+    return tile + MLA_TILE_ROWS * (MLA_KEYS + 8) + 3 * heads
 
 
 def dsa_staged_floats(heads: int, dim: int) -> int:
@@ -269,7 +272,7 @@ def place(program: Program) -> Program:
     asked = program.config.get("tuning", {}).get("page_kb", PAGE_KB) * 1024
     if block > max(asked, max_row):
         program.decide("residency", f"pages of at least {block} B: an MLA attention task keeps "
-                       f"every other block of {MLA_KEYS} cache rows in one")
+                       f"every other block of {MLA_KEYS} cache rows and the RoPE factors in one")
     page = max(least, asked)
     if any(is_tiled(program, op) for op in mv_ops):  # pages of whole FP8 tile units, any size
         unit = tile_unit_bytes(8 * 1024)  # the largest: 8 segments of 256-column units

@@ -71,6 +71,8 @@ def synchronize(program: Program) -> Program:
             waits.append((index[sampler.name], 1, 1))
         if len(waits) > MAX_WAITS:
             raise ValueError(f"op {op.name!r} needs {len(waits)} waits (max {MAX_WAITS})")
+        if op.opcode == "mla_attention":
+            _mark_selection_wait(op, [ops[c] for c, _, _ in waits], producers, ancestors)
         waits_of[op.name] = waits
         op.attrs["waits"] = [f"{ops[c].name}{' (previous step)' if lag else ''}"
                              for c, _, lag in waits]
@@ -97,6 +99,23 @@ def synchronize(program: Program) -> Program:
                        "rank, one exchange counter per task) and the sampler's exchange of "
                        "(max, row) pairs; sums in rank order, identical on every rank")
     return program
+
+
+def _mark_selection_wait(op, waited: list, producers: set[str],
+                         ancestors: dict[str, set[str]]) -> None:
+    """Marks which of a DSA attention's waits (`op.attrs["selection_wait"]`) is for the indexer's
+    top-k: while the context is at most index_topk tokens the selection is every token in order,
+    so the kernel computes the chunk's row ids instead of reading the list and skips that wait
+    (decode/dependencies.cuh), and attention waits only for its queries. Marked only where the
+    other waits still imply every other producer (each is waited for or an ancestor of one that
+    is), so that skipping the wait leaves no other read unordered."""
+    selection = [i for i, w in enumerate(waited) if w.opcode == "dsa_topk"]
+    if not selection:
+        return
+    rest = {w.name for i, w in enumerate(waited) if i != selection[0]}
+    others = producers - {waited[selection[0]].name}
+    if all(p in rest or any(p in ancestors[r] for r in rest) for p in others):
+        op.attrs["selection_wait"] = selection[0]
 
 
 def _exchange_counters(program: Program) -> dict[str, int]:

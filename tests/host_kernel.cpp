@@ -651,7 +651,10 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
   run_block([&](int ct) {
     uint32_t mine = before;  // each compute thread's own count of consumed pages
     zero_row_sums(s, ct);  // as run_compute does before the task's dependency wait, whose
-    compute_sync();        // barrier orders it before the task
+#if MLA                    // barrier orders it (and warp 0's early copies) before the task
+    if (ct < 32 && t[F_OPCODE] == OP_MLA_ATTENTION) mla_attention_early(p, s, t, pos, before, ct);
+#endif
+    compute_sync();
     switch (t[F_OPCODE]) {
       case OP_EMBED: run_embed(p, t, 0, ct); break;
 #if MOE

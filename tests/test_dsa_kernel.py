@@ -40,6 +40,8 @@ from tilertc.backends.cuda.encode import (
     MOE_FIELDS,
     OPCODES,
     SHARED_FIELDS,
+    encode_task,
+    fields,
 )
 from tilertc.driver import CompileOptions, compile
 from tilertc.ir import dsa  # noqa: F401  (registers the DSA opcodes' semantics)
@@ -210,6 +212,34 @@ def test_topk_keeps_every_token_below_index_topk_and_ties_to_the_earlier() -> No
     assert interpreter_topk(torch.tensor([[0.0, -0.0, 1.0]]), 2) == [[0, 2]]
 
 
+def test_attention_marks_its_wait_for_the_selection_only_where_it_runs_the_indexer() -> None:
+    """synchronization: a DSA attention's wait for its layer's top-k is marked (the kernel skips
+    it while the selection is every token), and its other wait is its queries' (the q
+    absorption), which implies its other producers; a GLM-5 layer that reuses the layer before's
+    selection waits for its queries only, and nothing is marked; the task rows carry the mark."""
+    for name, reusing in (("deepseek-v3.2-tiny", set()), ("glm-5-tiny", {2})):
+        program = tilertc.schedule(dsa_tiny(name, index_topk_pattern="FFS")
+                                   if reusing else dsa_tiny(name))
+        counters = [c.name for c in program.counters]
+        for op in program.graph.ops():
+            if op.opcode != "mla_attention":
+                continue
+            layer = int(op.name.split(".")[1])
+            waits = [counters[c] for c, _, _ in next(t.waits for t in program.tasks
+                                                      if t.op == op.name)]
+            if layer in reusing:
+                assert "selection_wait" not in op.attrs, op.name
+                assert waits == [f"layers.{layer}.q_absorb"], waits
+                continue
+            mark = op.attrs["selection_wait"]
+            assert waits[mark] == f"layers.{layer}.dsa.topk"
+            assert waits[1 - mark] == f"layers.{layer}.q_absorb"
+        cols = fields(program)
+        rows = {t.op: encode_task(program, t, cols=cols) for t in program.tasks}
+        assert all(rows[op.name][cols.index("selection_wait")] == op.attrs.get("selection_wait", -1)
+                   for op in program.graph.ops())
+
+
 # -- a decode step of the device code, run on the host ---------------------------------------
 
 def assert_scores_match(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tensor], layer: int,
@@ -232,10 +262,13 @@ def assert_scores_match(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tens
 # indexer's RoPE interleaved, a layer reusing the layer before's selection) on 7 SMs. With FP8
 # weights (the indexer's wq_b and wk too, its head weights bf16 in an op of their own):
 # deepseek-v3.2-tiny above the top-k, and GLM-5-tiny (W_uk's rows with one scale per 8
-# columns) on 7 SMs.
+# columns) on 7 SMs. Below the top-k on 2 SMs: attention skips its wait for the selection and
+# stages its first key blocks before its dependency wait (mla_attention_early), but for the
+# block holding the step's key.
 STEPS = [
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 10),
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 100),
+    ("bf16", "deepseek-v3.2-tiny", {"index_topk": 256}, small("h200-2", 2), 200),
     ("bf16", "deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-5", 5), 200),
     ("bf16", "deepseek-v3.2-tiny", {"index_topk": 64}, small("h200-2", 2), 200),
     ("bf16", "glm-5-tiny", {"index_topk_pattern": "FFS"}, small("h200-7", 7), 120),

@@ -284,15 +284,16 @@ STEPS = [
 
 def test_a_ring_page_holds_an_mla_key_block() -> None:
     """MLA attention keeps every other block of MLA_KEYS cache rows in a blank ring page
-    (decode/mla.cuh: mla_chunk), so residency grows pages asked smaller than a block: a latent
-    rank of 320 and a rope part of 16 stage rows of 392 bf16 (384 + 8), 25088 B a block, past
-    4 and 16 KB pages; 64 KB pages hold it as they are; a model without MLA keeps 4 KB pages."""
+    (decode/mla.cuh: mla_chunk) and the RoPE factors after it, so residency grows pages asked
+    smaller than that: a latent rank of 320 and a rope part of 8 stage rows of 392 bf16 (384 +
+    8), 25088 B a block, and 32 B of factors, past 4 and 16 KB pages; 64 KB pages hold it as
+    they are; a model without MLA keeps 4 KB pages."""
     spec = mla_tiny(**{**WIDE, "kv_lora_rank": 320})
     pages = {kb: make_program(spec, "h200", 1, SEQ, {"page_kb": kb}) for kb in (4, 16, 64)}
-    assert {kb: mla_block_bytes(p) for kb, p in pages.items()} == dict.fromkeys(pages, 25088)
+    assert {kb: mla_block_bytes(p) for kb, p in pages.items()} == dict.fromkeys(pages, 25120)
     assert {kb: p.config["page_bytes"] for kb, p in pages.items()} == {4: 25600, 16: 25600,
                                                                         64: 65536}
-    assert any("pages of at least 25088 B" in str(d) for d in pages[4].decisions)
+    assert any("pages of at least 25120 B" in str(d) for d in pages[4].decisions)
     assert not any("pages of at least" in str(d) for d in pages[64].decisions)
     assert make_program(tilertc.load_spec("llama-tiny"), "h200", 1, SEQ,
                         {"page_kb": 4}).config["page_bytes"] == 4096

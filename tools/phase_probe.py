@@ -19,7 +19,7 @@ all, build one variant a warp and run each (the task's start and end stay the CT
 MLA attention, for instance:
 
     python tools/phase_probe.py build ART OUT \\
-        --mark '  mla_stage_queries(p, t, stage, g, ct);' --mark '  float acc[MLA_OT][4] = {};' \\
+        --mark '  mla_stage_queries(p, t, stage,' --mark '  float acc[MLA_OT][4] = {};' \\
         --mark '    mla_scores(m, rows, warp, lane);' --mark '    mla_softmax(m, static_cast' \\
         --mark '    mla_values(m, rows, o, warp, lane);' --mark '  mla_write_part(p.act'
 

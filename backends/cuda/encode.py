@@ -39,8 +39,10 @@ MLA_FIELDS = ("in_stride", "head_rows", "append")
 # An FP8 head_matvec's rows have one scale per 4 << `scale_shift` columns (q absorption's may
 # be fewer than a block's: passes/tiling.py: scale_cols).
 MLA_FP8_FIELDS = ("scale_shift",)
-# A dsa_score task's key LayerNorm bias (its weight is at `aux3`).
-DSA_FIELDS = ("norm_bias",)
+# A dsa_score task's key LayerNorm bias (its weight is at `aux3`); an MLA attention task's wait
+# (0 or 1) for the indexer's selection, which the kernel skips while the selection is every token
+# (passes/synchronization.py: selection_wait; -1: none).
+DSA_FIELDS = ("norm_bias", "selection_wait")
 # A kernel with a split-K FFN, whose output is a fixed-point buffer (fx64): whether a task's input
 # (`fixed_in`) or residual (`fixed_res`) is one, and the act offset of the start value of one a
 # matvec_add also writes (`fixed_out`, -1: none).
@@ -219,6 +221,8 @@ def encode_task(program: Program, t: Task, counters: dict[str, int] | None = Non
     row = dict.fromkeys(cols, 0)
     if "route" in row:
         row["route"] = -1
+    if "selection_wait" in row:
+        row["selection_wait"] = op.attrs.get("selection_wait", -1)
     if "fixed_out" in row:
         row.update(_fixed_fields(program, op))
     if "digits_in" in row:

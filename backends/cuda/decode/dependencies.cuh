@@ -8,13 +8,19 @@ __device__ bool wait_counter(const Params& p, int counter, unsigned target, int 
 
 // Only thread 0 reads the task's wait fields: warp 0 waited for the row's copy (cp.async) before
 // this call, and the other warps may read the row only past the barrier here, which shows them
-// the copy and what thread 0 saw of the counters alike.
+// the copy and what thread 0 saw of the counters alike. With DSA, an MLA attention task's wait
+// for the indexer's selection (F_SELECTION_WAIT) is skipped while the selection is every token
+// (mla_selects_all): the task then reads nothing the indexer writes, and its other wait implies
+// every other producer (passes/synchronization.py checks that).
 __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long step, int task) {
   if (threadIdx.x == 0) {
     bool ok = true;
     for (int w = 0; w < 2; ++w) {
       const int c = t[F_WAIT0 + 2 * w];
       if (c < 0) continue;
+#if DSA
+      if (w == t[F_SELECTION_WAIT] && p.start_pos + step + 1 <= DSA_TOPK) continue;
+#endif
       const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
       const long long want = static_cast<long long>(n) * (step + 1 - lag);
       if (want > 0) ok = acquire(p, c, static_cast<unsigned>(want), task, nullptr) && ok;

@@ -49,6 +49,9 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
           p.profile && step < p.profile_steps && ct == 0 ? p.profile + (step * p.n_tasks + id) * 3 : nullptr;
       if (stamp) stamp[0] = now_ns();
       zero_row_sums(s, ct);  // every warp is past the task before's last read of them
+#if MLA
+      if (ct < 32 && t[F_OPCODE] == OP_MLA_ATTENTION) mla_attention_early(p, s, t, pos, consumed, ct);
+#endif
       ok = wait_deps(p, s, t, step, id);
       if (stamp) stamp[1] = now_ns();
       if (!ok) break;

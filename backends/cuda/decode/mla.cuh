@@ -17,13 +17,12 @@ constexpr int MLA_OT = (MLA_RANK / 8 + COMPUTE_WARPS - 1) / COMPUTE_WARPS;  // o
 // MlaStage's parts, floats into s.vec
 constexpr int MLA_ROWS_AT = MLA_M * MLA_ROW, MLA_PART_AT = MLA_ROWS_AT + MLA_KEYS * MLA_ROW / 2;
 constexpr int MLA_PROB_AT = MLA_PART_AT + MLA_KSPLIT * MLA_M * MLA_KEYS, MLA_ST_AT = MLA_PROB_AT + MLA_M * MLA_PROW;
-constexpr int MLA_CS_AT = MLA_ST_AT + 3 * MLA_HEADS, MLA_STAGED = MLA_CS_AT + MLA_ROPE;
+constexpr int MLA_STAGED = MLA_ST_AT + 3 * MLA_HEADS;
 static_assert(MLA_W % 8 == 0 && MLA_ROPE % 2 == 0, "cache rows are whole 16-byte pieces; RoPE rotates pairs");
 static_assert(MLA_RANK % 8 == 0, "the heads' outputs are whole 8-column mma tiles");
 static_assert(MLA_HEADS <= MLA_M, "a task's heads are the rows of one mma tile");
 static_assert(MLA_KEYS == 32, "the softmax takes a block's keys a lane each");
 static_assert(MLA_STAGED <= MAX_K, "MLA attention's staging exceeds s.vec");
-static_assert(MLA_KEYS * MLA_ROW * 2 <= PAGE_BYTES, "a ring page holds a block's cache rows (passes/residency.py)");
 
 // RoPE pair i of the MLA_ROPE rotated dims (interleaved: 2i, 2i + 1; else i, i + MLA_ROPE / 2), the
 // pair rotated dim d belongs to, and the pair (a, b) rotated by the position's cos | sin `cs`
@@ -35,9 +34,12 @@ __device__ __forceinline__ int2 rope_pair(int i, bool interleaved = MLA_ROPE_INT
 __device__ __forceinline__ int rope_pair_of(int d, bool interleaved = MLA_ROPE_INTERLEAVED) {
   return interleaved ? d / 2 : d % (MLA_ROPE / 2);
 }
+__device__ __forceinline__ float2 rope_factors(const float* cs, int i) { return make_float2(cs[i], cs[MLA_ROPE / 2 + i]); }
+__device__ __forceinline__ float2 rope_rotate(float a, float b, float2 f) {
+  return make_float2(a * f.x - b * f.y, b * f.x + a * f.y);
+}
 __device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs, int i) {
-  const float c = cs[i], sn = cs[MLA_ROPE / 2 + i];
-  return make_float2(a * c - b * sn, b * c + a * sn);
+  return rope_rotate(a, b, rope_factors(cs, i));
 }
 
 // The latent prologue, run by the first q-absorption task (passes/fusion_mla.py says why
@@ -90,7 +92,6 @@ struct MlaStage {  // one pointer (s.vec), the parts at constant offsets: few re
   __device__ __forceinline__ __nv_bfloat16* prob() const { return reinterpret_cast<__nv_bfloat16*>(vec + MLA_PROB_AT); }
   // [3][MLA_HEADS]: max | sum | rescale of the old sums, per head
   __device__ __forceinline__ float* st() const { return vec + MLA_ST_AT; }
-  __device__ __forceinline__ float* cs() const { return vec + MLA_CS_AT; }         // [MLA_ROPE]: cos | sin at pos
 };
 
 __device__ __forceinline__ uint32_t bf16_pair(const __nv_bfloat16* x) { return *reinterpret_cast<const uint32_t*>(x); }
@@ -110,7 +111,7 @@ __device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bflo
 }
 
 // The group's queries times the softmax scale, the A rows of the scores: q_latent (F_IN), then
-// q's rope part (F_AUX) rotated at pos (cs), as bf16 hi | lo; heads past MLA_HEADS and dims past
+// q's rope part (F_AUX) rotated at pos (`cs`, staged in the task's ring page), as bf16 hi | lo; heads past MLA_HEADS and dims past
 // MLA_W (the last k-step's padding) are zero. A thread loads all of its share first (q_latent
 // four dims a load), then converts and stores it: item by item, a DeepSeek-V3.2 task's staging
 // took 2.50 us, now 2.32 (H200). Its time is not the loads' round trips: with the cos | sin
@@ -118,7 +119,7 @@ __device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bflo
 constexpr int MLA_Q_LAT_ITEMS = (MLA_M * MLA_RANK / 4 + NT - 1) / NT;  // a thread's 4-dim pieces
 constexpr int MLA_Q_TAIL = 16 * MLA_KSTEPS - MLA_RANK;                 // a staged query's dims past its latent
 constexpr int MLA_Q_TAIL_ITEMS = (MLA_M * MLA_Q_TAIL + NT - 1) / NT;   // a thread's rope (or padding) dims
-__device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage& m, int g, int ct) {
+__device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage& m, const float* cs, int g, int ct) {
   const float scale = __int_as_float(t[F_SCALE]);
   const float4* q_lat = reinterpret_cast<const float4*>(p.act + t[F_IN] + g * MLA_HEADS * MLA_RANK);
   const float* q_pe = p.act + t[F_AUX] + g * MLA_HEADS * (MLA_NOPE + MLA_ROPE) + MLA_NOPE;
@@ -159,7 +160,7 @@ __device__ void mla_stage_queries(const Params& p, const int* t, const MlaStage&
     float v = 0.f;
     if (d < MLA_W) {  // pe[j] is zero past MLA_HEADS
       const int r = d - MLA_RANK, pair = rope_pair_of(r);
-      const float2 rot = rope_rotate(pe[j].x * scale, pe[j].y * scale, m.cs(), pair);
+      const float2 rot = rope_rotate(pe[j].x * scale, pe[j].y * scale, cs, pair);
       v = r == rope_pair(pair).x ? rot.x : rot.y;
     }
     bf16_split(v, m.q() + h * MLA_ROW + d, m.q() + (MLA_M + h) * MLA_ROW + d);
@@ -183,27 +184,40 @@ __device__ __forceinline__ void stage_row(uint4* dst, const uint4* src, bool liv
 
 // The block of keys [b0, min(b0 + MLA_KEYS, k1)) of the chunk is staged NT / MLA_KEYS threads a
 // row: its rows, each of 2 MLA_KSTEPS 16-byte pieces, zero past MLA_W and past the block's keys.
-// mla_block_row is the cache row of a thread's key (-1 past k1); with DSA it is read from the
-// indexer's list (F_AUX2), a round trip to L2 that the caller starts a block ahead.
+// mla_block_row is the cache row of a thread's key (-1 past k1); with DSA, past DSA_TOPK
+// positions, it is read from the indexer's list (F_AUX2), a round trip to L2 that the caller
+// starts a block ahead. Up to DSA_TOPK positions the indexer chooses every token, in order
+// (run_dsa_topk), so entry i of its list is i and attention neither reads the list nor waits for
+// it (wait_deps skips the task's F_SELECTION_WAIT).
 static_assert(NT % MLA_KEYS == 0, "whole threads per staged row");
 constexpr int MLA_ROW_THREADS = NT / MLA_KEYS;
-__device__ __forceinline__ long long mla_block_row(const Params& p, const int* t, long long b0, long long k1, int ct) {
+__device__ __forceinline__ bool mla_selects_all(long long pos) {
+#if DSA
+  return pos + 1 <= DSA_TOPK;
+#else
+  return true;
+#endif
+}
+__device__ __forceinline__ long long mla_block_row(const Params& p, const int* t, long long pos, long long b0,
+                                                   long long k1, int ct) {
   const long long key = b0 + ct / MLA_ROW_THREADS;
   if (key >= k1) return -1;
 #if DSA  // the chunk's rows are the cache rows of the tokens the indexer selected
-  return __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + key);
-#else
-  return key;
+  if (!mla_selects_all(pos)) return __ldcg(reinterpret_cast<const int*>(p.act + t[F_AUX2]) + key);
 #endif
+  return key;
 }
 // Issues the thread's copies of its key's row (asynchronous, no registers held): the caller
 // waits (cp_async_wait_all) and publishes the rows with a barrier, so that a block costs one
 // round trip to HBM.
+__device__ __forceinline__ void mla_load_row(const Params& p, const int* t, __nv_bfloat16* row_at, long long row,
+                                             int c0, int step) {
+  stage_row(reinterpret_cast<uint4*>(row_at), reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + max(row, 0ll) * MLA_W),
+            row >= 0, MLA_PIECES, 2 * MLA_KSTEPS, c0, step);
+}
 __device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long row,
                                                int ct) {
-  stage_row(reinterpret_cast<uint4*>(rows + ct / MLA_ROW_THREADS * MLA_ROW),
-            reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + max(row, 0ll) * MLA_W), row >= 0, MLA_PIECES,
-            2 * MLA_KSTEPS, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
+  mla_load_row(p, t, rows + ct / MLA_ROW_THREADS * MLA_ROW, row, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
 }
 
 // S = Q K^T of the block staged in `rows`: a warp's item is an n-tile of 8 keys (B = the keys'
@@ -303,18 +317,20 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, const __nv_bfloat1
 // it begins and land while it is computed: with one buffer each block after the first began with
 // a round trip, ~1 of its ~3 µs (docs/performance.md, session 36). The first block's copies are
 // the caller's, issued before it stages the queries; `next` is the row id of this thread's key
-// in the second block, and each later block's is read a block ahead.
-__device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, __nv_bfloat16* spare, long long k0,
-                          long long k1, long long next, float (&o)[MLA_OT][4], int ct) {
+// in the second block, and each later block's is read a block ahead. `first_in_spare`: the
+// first block's rows were staged in `spare` (mla_attention_early), the next in the stage's.
+__device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, __nv_bfloat16* spare, long long pos,
+                          long long k0, long long k1, long long next, bool first_in_spare, float (&o)[MLA_OT][4],
+                          int ct) {
   const int warp = ct >> 5, lane = ct & 31;
-  bool odd = false;  // the block's rows are in spare
+  bool odd = first_in_spare;  // the block's rows are in spare
   for (long long b0 = k0; b0 < k1; b0 += MLA_KEYS, odd = !odd) {
     cp_async_wait_all();
     compute_sync();  // the block's rows (and, at the first, the queries); every warp is done with
                      // the block before, whose buffer the next block's copies take
     __nv_bfloat16* rows = odd ? spare : m.rows();
     if (b0 + MLA_KEYS < k1) mla_load_block(p, t, odd ? m.rows() : spare, next, ct);
-    next = mla_block_row(p, t, b0 + 2 * MLA_KEYS, k1, ct);
+    next = mla_block_row(p, t, pos, b0 + 2 * MLA_KEYS, k1, ct);
     mla_scores(m, rows, warp, lane);
     compute_sync();
     mla_softmax(m, static_cast<int>(min(static_cast<long long>(MLA_KEYS), k1 - b0)), warp, lane);
@@ -351,40 +367,80 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
     __stcg(reinterpret_cast<float2*>(part) + i, reinterpret_cast<const float2*>(staged)[i]);
 }
 
-// One context chunk (F_CHUNK of F_COUNT, cut as GQA attention cuts it; with DSA, a chunk of the
-// indexer's selection, the first min(pos + 1, DSA_TOPK) entries of its list) of one group of MLA_HEADS
-// heads (F_ROW0): stage the heads' queries (mla_stage_queries); run the chunk; leave (sums, max,
-// sum) per head in mla_partials (F_AUX3), which v expansion merges (stage_merged_heads). The task
-// takes the ring's next page, which the loader leaves blank (run_loader), for every other block's
-// rows (mla_chunk), and gives it back in mla_release_page, after its signal: the loader's next
-// bulk copy into the slot would otherwise share the SM's path from L2 with the acknowledgements of
-// the result's stores, which the signal's release waits for.
-__device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, uint32_t& consumed,
-                                  int ct) {
-  const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
+// The keys [k0, k1) of an attention task's context chunk (F_CHUNK of F_COUNT, cut as GQA
+// attention cuts it; with DSA, a chunk of the indexer's selection, the first min(pos + 1,
+// DSA_TOPK) entries of its list).
+struct MlaKeys {
+  long long k0, k1;
+};
+__device__ __forceinline__ MlaKeys mla_keys(const int* t, long long pos) {
 #if DSA
   const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
 #else
   const long long n = pos + 1;
 #endif
-  const long long k0 = chunk_start(n, c, chunks), k1 = chunk_start(n, c + 1, chunks);
+  return {chunk_start(n, t[F_CHUNK], t[F_COUNT]), chunk_start(n, t[F_CHUNK] + 1, t[F_COUNT])};
+}
+
+// The task's ring page (blank from the loader) holds every other key block and, past a block,
+// the position's RoPE cos | sin, which the queries' staging reads.
+constexpr int MLA_FACTORS_AT = MLA_KEYS * MLA_ROW * 2;  // bytes into the page
+static_assert(MLA_FACTORS_AT % 16 == 0 && MLA_ROPE % 4 == 0, "the factors are whole 16-byte copies");
+static_assert(MLA_FACTORS_AT + MLA_ROPE * 4 <= PAGE_BYTES,
+              "a ring page holds a block's cache rows and the RoPE factors (passes/residency.py)");
+
+// Whether a task's first key block is staged before its dependency wait: its keys are known
+// without the indexer (mla_block_row) and all of them earlier than pos, so their cache rows
+// were appended in earlier steps, which this SM's waits of the step so far have acquired.
+__device__ __forceinline__ bool mla_first_block_early(long long pos, const MlaKeys& ch) {
+  return mla_selects_all(pos) && ch.k0 < ch.k1 && min(ch.k0 + MLA_KEYS, ch.k1) <= pos;
+}
+
+// Run by warp 0 before the task's dependency wait (run_compute; only warp 0 may read the task's
+// row before the wait's barrier), once the loader has given the task its page: the copies of
+// the RoPE factors at pos into the page and, when mla_first_block_early, of the first key block's
+// rows. They are in flight while the producers finish, instead of two round trips after the
+// wait (the factors, then the block; with DSA also the list's row ids before the block).
+__device__ void mla_attention_early(const Params& p, Shared& s, const int* t, long long pos, uint32_t consumed,
+                                    int lane) {
+  const int slot = consumed % RING_PAGES;
+  ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);
+  uint8_t* page = s.ring + slot * PAGE_BYTES;
+  if (lane < MLA_ROPE / 4) cp_async16(page + MLA_FACTORS_AT + 16 * lane, p.act + p.rope_offset + pos * MLA_ROPE + 4 * lane);
+  const MlaKeys ch = mla_keys(t, pos);
+  if (!mla_first_block_early(pos, ch)) return;
+  __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(page);
+  for (int r = 0; r < MLA_KEYS; ++r)
+    mla_load_row(p, t, rows + r * MLA_ROW, ch.k0 + r < ch.k1 ? ch.k0 + r : -1, lane, 32);
+}
+
+// One context chunk (mla_keys) of one group of MLA_HEADS heads (F_ROW0): stage the heads'
+// queries (mla_stage_queries); run the chunk; leave (sums, max, sum) per head in mla_partials
+// (F_AUX3), which v expansion merges (stage_merged_heads). The task takes the ring's next page,
+// which the loader leaves blank (run_loader), for the RoPE factors and every other block's rows
+// (mla_chunk; mla_attention_early issued the factors' copies, and maybe the first block's, before
+// the wait), and gives it back in mla_release_page, after its signal: the loader's next bulk
+// copy into the slot would otherwise share the SM's path from L2 with the acknowledgements of
+// the result's stores, which the signal's release waits for.
+__device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, uint32_t& consumed,
+                                  int ct) {
+  const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
+  const MlaKeys ch = mla_keys(t, pos);
+  const bool early = mla_first_block_early(pos, ch);
   const MlaStage stage{s.vec};
-  // the first two blocks' row ids are loaded before the rope factors are stored: the store to
-  // shared memory, which may alias p.act as far as the compiler knows, would otherwise hold the
-  // row ids' loads (with DSA a round trip to L2) until the factor's load had returned
-  const long long row = mla_block_row(p, t, k0, k1, ct), second = mla_block_row(p, t, k0 + MLA_KEYS, k1, ct);
-  for (int i = ct; i < MLA_ROPE; i += NT) stage.cs()[i] = __ldcg(p.act + p.rope_offset + pos * MLA_ROPE + i);
+  uint8_t* page = s.ring + consumed % RING_PAGES * PAGE_BYTES;
+  const long long row = early ? -1 : mla_block_row(p, t, pos, ch.k0, ch.k1, ct);
+  const long long second = mla_block_row(p, t, pos, ch.k0 + MLA_KEYS, ch.k1, ct);
   for (int h = ct; h < MLA_HEADS; h += NT) {
     stage.st()[h] = -INFINITY;
     stage.st()[MLA_HEADS + h] = 0.f;
   }
-  mla_load_block(p, t, stage.rows(), row, ct);  // in flight while queries stage
-  compute_sync();
-  mla_stage_queries(p, t, stage, g, ct);
-  const int slot = consumed % RING_PAGES;
-  ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);  // the loader is past the slot
+  if (ct < 32) cp_async_wait_all();  // warp 0's early copies, before it issues any of the block's
+  if (!early) mla_load_block(p, t, stage.rows(), row, ct);  // in flight while queries stage
+  compute_sync();  // the factors
+  mla_stage_queries(p, t, stage, reinterpret_cast<const float*>(page + MLA_FACTORS_AT), g, ct);
   float acc[MLA_OT][4] = {};
-  mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(s.ring + slot * PAGE_BYTES), k0, k1, second, acc, ct);
+  mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(page), pos, ch.k0, ch.k1, second, early, acc, ct);
   // this thread's copies into the page (generic proxy) come before the loader's next bulk copies
   // into the slot (async proxy), which the page's release (mla_release_page) lets it issue
   fence_proxy_async_shared();

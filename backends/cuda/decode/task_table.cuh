@@ -56,6 +56,7 @@ enum Field : int {
 #endif
 #if DSA  // a dsa_score task's key LayerNorm bias (its weight: F_AUX3)
   F_NORM_BIAS,
+  F_SELECTION_WAIT,  // an MLA attention task's wait (0, 1) for the indexer's selection; -1: none
 #endif
 #if FFN_SPLIT_K  // a split-K FFN's output is a fixed-point sum (see the split-K FFN section)
   F_FIXED_IN,       // 1: F_IN (a norm_matvec's input) is a fixed-point buffer
