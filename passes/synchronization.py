@@ -118,6 +118,21 @@ def _mark_selection_wait(op, waited: list, producers: set[str],
         op.attrs["selection_wait"] = selection[0]
 
 
+def selects_every_token(program: Program, op, pos: int) -> bool:
+    """Whether a DSA attention's selection at context position `pos` is every token in order
+    (pos + 1 <= index_topk), where its kernel reads no list and skips the selection wait."""
+    return bool(op.attrs.get("dsa")) and pos + 1 <= program.graph.tensors[op.inputs[3]].numel
+
+
+def waits_at(program: Program, task, pos: int) -> list[tuple[int, int, int]]:
+    """The waits a task's kernel code takes at context position `pos`: its waits, less a DSA
+    attention's selection wait while the selection is every token (decode/dependencies.cuh:
+    wait_deps). The verifier runs the streams with these."""
+    op = program.graph.op(task.op)
+    skip = op.attrs.get("selection_wait", -1) if selects_every_token(program, op, pos) else -1
+    return [w for i, w in enumerate(task.waits) if i != skip]
+
+
 def _exchange_counters(program: Program) -> dict[str, int]:
     """Under tp > 1, one exchange counter per task of each all-reducing op and one for the
     sampler, appended to `program.counters` (each reaches tp per step: one arrival per rank);

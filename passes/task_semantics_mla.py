@@ -7,8 +7,10 @@
   heads' inputs as the merge of the attention's chunk results in `mla_partials`, and writes
   the heads whose first row it holds to the attention's output.
 - `mla_attention` task g * chunks + c: heads [g·G, (g+1)·G), chunk c of the context (of the
-  top-k list with DSA, whose rows it gathers); `rope` on its queries, then `mla_attention` on
-  the chunk's rows; partial results in `mla_partials`, merged by the expand op's tasks.
+  top-k list with DSA, whose rows it gathers, unless the list is every token: then, as the
+  kernel, the chunk's cache rows without reading the list); `rope` on its queries, then
+  `mla_attention` on the chunk's rows; partial results in `mla_partials`, merged by the expand
+  op's tasks.
 - `dsa_score` task c: `rope` on the indexer queries, `dsa_index_score` on chunk c; the last
   chunk runs `layer_norm` and `rope` on the new key and appends it with `kv_append`.
 - `dsa_topk`: `dsa_topk` on the visible scores.
@@ -24,6 +26,7 @@ from tilertc.ir.graph import Op
 from tilertc.ir.interpreter import SEMANTICS, Step
 from tilertc.ir.mla import q_heads
 from tilertc.passes.program import Program, Task
+from tilertc.passes.synchronization import selects_every_token
 from tilertc.passes.task_semantics import (
     KINDS,
     Access,
@@ -182,7 +185,8 @@ def _mla_attention_accesses(program: Program, t: Task, pos: int) -> list[Access]
     ch = _mla_chunk(program, t, pos)
     out = [read(ch.op.inputs[0], *ch.latent), read(ch.q, *ch.q_range)]
     if ch.k1 > ch.k0:
-        if ch.op.attrs["dsa"]:  # which rows is known at run time: any visible one
+        if ch.op.attrs["dsa"] and not selects_every_token(program, ch.op, pos):
+            # which rows is known at run time: any visible one
             out += [read(ch.op.inputs[3], ch.k0, ch.k1), read(ch.cache, 0, ch.width, (0, pos + 1))]
         else:
             out.append(read(ch.cache, 0, ch.width, (ch.k0, ch.k1)))
@@ -198,7 +202,7 @@ def _mla_attention(ctx: Context, t: Task) -> None:
     q = run("rope", source(ctx, op, "rope"), [q, torch.tensor([ctx.pos])], ctx, n_heads=heads)
     result = chunk_result(heads, r)
     if k1 > k0:
-        if a["dsa"]:
+        if a["dsa"] and not selects_every_token(ctx.program, op, ctx.pos):
             ids = ctx.read(op.inputs[3], k0, k1)
             ids = ids[ids >= 0]
             rows = ctx.read(cache, 0, width, (0, ctx.pos + 1))[ids]

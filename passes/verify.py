@@ -52,6 +52,7 @@ from tilertc.ir.interpreter import Interpreter, Step
 from tilertc.ir.weights import random_weights
 from tilertc.passes import task_semantics_mla, task_semantics_moe  # noqa: F401 (register)
 from tilertc.passes.program import Program
+from tilertc.passes.synchronization import waits_at
 from tilertc.passes.task_semantics import KINDS, Access
 
 POISON = -2  # mark: never written (or poisoned when a step began)
@@ -127,6 +128,7 @@ class Plan:
             for i, tid in enumerate(stream):
                 self.slot[tid] = i + 1
         self.accesses = [self._accesses(a) for a in range(self.n_actors)]
+        self.waits = [waits_at(program, t, pos) for t in self.tasks]  # as the kernel takes them
         self.reads: list[list[Read]] = [[] for _ in range(self.n_actors)]
         # reads of rows written in earlier steps: (access, rows of it this step writes)
         self.history: list[list[tuple[Access, set[int]]]] = [[] for _ in range(self.n_actors)]
@@ -314,8 +316,9 @@ class Machine:
     only (the ranks' streams and plans are the same).
     """
 
-    def __init__(self, program: Program, plan: Plan, steps: int) -> None:
-        self.program, self.plan, self.steps = program, plan, steps
+    def __init__(self, program: Program, plans: list[Plan], steps: int) -> None:
+        # one plan a step: a step's position decides the waits its tasks take (Plan.waits)
+        self.program, self.plans, self.plan, self.steps = program, plans, plans[0], steps
         self.ranks, self.n_sm, self.n_counters = program.tp, len(program.streams), \
             len(program.counters)
         self.streams = program.streams * self.ranks
@@ -340,13 +343,14 @@ class Machine:
         step, head, base = self.step[sm], self.head[sm], sm // self.n_sm * self.n_counters
         if head == 0 and step > 0 and self.counters[base + self.sampler] < step:
             return base + self.sampler, step, "the step gate"
-        task = self.program.tasks[self.streams[sm][head]]
+        tid = self.streams[sm][head]
+        task = self.program.tasks[tid]
         if self.published[sm]:
             want = self.ranks * (step + 1)
             if self.counters[base + task.exchange] < want:
                 return base + task.exchange, want, f"{task.key}'s exchange"
             return None
-        for counter, per_step, lag in task.waits:
+        for counter, per_step, lag in self.plans[step].waits[tid]:
             want = per_step * (step + 1 - lag)
             if want > 0 and self.counters[base + counter] < want:
                 return base + counter, want, task.key
@@ -500,7 +504,7 @@ def structural(program: Program, plan: Plan) -> None:
     sm_vc = np.zeros((nsm, cols), dtype=np.int32)
     joins: dict[int, np.ndarray] = {}
     group_vc = np.zeros((len(plan.merges), cols), dtype=np.int32)
-    machine = Machine(program, plan, 1)
+    machine = Machine(program, [plan], 1)
     sampler_vc: list[np.ndarray] = []
 
     def knows(vc: np.ndarray, actor: int) -> bool:
@@ -548,7 +552,7 @@ def structural(program: Program, plan: Plan) -> None:
     def on_task(tid: int, step: int) -> None:
         t = program.tasks[tid]
         vc = sm_vc[t.sm].copy()
-        for counter, _, lag in t.waits:
+        for counter, _, lag in plan.waits[tid]:
             if lag == 0 and counter in joins:
                 np.maximum(vc, joins[counter], out=vc)
         check(tid, vc)
@@ -787,7 +791,7 @@ def numeric(program: Program, plan_at, steps: int, interleavings: int, seed: int
         logits, tokens = [None] * steps, [0] * steps
         done = [0] * steps
         begun = [False] * steps
-        machine = Machine(program, plans[0], steps)
+        machine = Machine(program, plans, steps)
 
         def on_task(tid: int, step: int, mem=mem, ctx=ctx, done=done, begun=begun,
                     logits=logits, tokens=tokens) -> None:

@@ -50,6 +50,8 @@ from tilertc.model_specs.hf import with_weight_dtype
 from tilertc.model_specs.spec import ModelSpec
 from tilertc.passes.pipeline import make_program
 from tilertc.passes.program import ScheduleError
+from tilertc.passes.synchronization import waits_at
+from tilertc.passes.verify import VerificationError, verify
 
 TOPK = 16  # index_topk of the host tests: contexts on both sides of it stay cheap
 # Full-size DeepSeek-V3.2 (bf16) with 3 dense and 1 MoE layer, and a smaller vocabulary
@@ -238,6 +240,30 @@ def test_attention_marks_its_wait_for_the_selection_only_where_it_runs_the_index
         rows = {t.op: encode_task(program, t, cols=cols) for t in program.tasks}
         assert all(rows[op.name][cols.index("selection_wait")] == op.attrs.get("selection_wait", -1)
                    for op in program.graph.ops())
+
+
+def test_the_verifier_runs_attention_without_its_selection_wait_below_index_topk() -> None:
+    """verify takes the waits the kernel takes at each step's position (synchronization:
+    waits_at): below index_topk without the selection wait, and attention then reads its chunk's
+    cache rows, not the list. The schedule passes on both sides of index_topk (numeric steps
+    at positions 11-16 of TOPK 16, structural at 5 and 40); marking the queries' wait instead
+    is caught as a read before its write."""
+    program = tilertc.schedule(dsa_tiny())
+    attention = next(op for op in program.graph.ops() if op.opcode == "mla_attention")
+    task = next(t for t in program.tasks if t.op == attention.name)
+    assert waits_at(program, task, TOPK - 1) == [w for i, w in enumerate(task.waits)
+                                                 if i != attention.attrs["selection_wait"]]
+    assert waits_at(program, task, TOPK) == task.waits
+    verify(program, "numeric", prompt_len=12, steps=6, interleavings=2)
+    for pos in (5, 40):
+        verify(program, "structural", pos=pos)
+    for op in program.graph.ops():
+        if "selection_wait" in op.attrs:
+            op.attrs["selection_wait"] = 1 - op.attrs["selection_wait"]
+    with pytest.raises(VerificationError) as err:
+        verify(program, "structural", pos=5)
+    assert err.value.kind == "read_before_write" and "q_latent" in str(err.value)
+    verify(program, "structural", pos=40)  # past index_topk every wait is taken
 
 
 # -- a decode step of the device code, run on the host ---------------------------------------
