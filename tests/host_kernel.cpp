@@ -277,6 +277,9 @@ static inline bool acquire(const P& p, int counter, unsigned target, int, volati
   return !SYSTEM || p.counters[counter] >= target;
 }
 static inline void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t*) { std::memcpy(dst, src, bytes); }
+static inline void bulk_copy_shared_data(void* dst, const void* src, uint32_t bytes, uint64_t*) {
+  std::memcpy(dst, src, bytes);
+}
 static inline void mbar_expect_tx(uint64_t*, uint32_t) {}
 static inline void fence_proxy_async_shared() {}
 #if HOST_STEP  // the ring is always free: the `step` command runs one task at a time
@@ -594,8 +597,17 @@ struct Rank {
 
 // The loader's pages of task t of rank k, into the ring slots compute will read (false: more
 // pages than the ring).
-static bool load_pages(Rank& k, Shared& s, const int* t, int id) {
+static bool load_pages(Rank& k, Shared& s, const int* t, int id, long long pos) {
   Params& p = k.p;
+#if MLA  // the loader's own page of an attention task (load_mla_page, without its waits)
+  if (t[F_OPCODE] == OP_MLA_ATTENTION) {
+    const bool early = mla_first_block_early(pos, mla_keys(t, pos));
+    uint8_t* page = s.ring + k.consumed % RING_PAGES * PAGE_BYTES;
+    if (early) zero_mla_padding(page);
+    fill_mla_page(p, t, pos, page, nullptr, early);
+    return true;
+  }
+#endif
 #if !MLA
   if (t[F_OPCODE] == OP_ATTENTION) {
     uint32_t issued = k.consumed;
@@ -651,10 +663,7 @@ static void run_task(Rank& k, Shared& s, const int* t, long long pos) {
   run_block([&](int ct) {
     uint32_t mine = before;  // each compute thread's own count of consumed pages
     zero_row_sums(s, ct);  // as run_compute does before the task's dependency wait, whose
-#if MLA                    // barrier orders it (and warp 0's early copies) before the task
-    if (ct < 32 && t[F_OPCODE] == OP_MLA_ATTENTION) mla_attention_early(p, s, t, pos, before, ct);
-#endif
-    compute_sync();
+    compute_sync();        // barrier orders it before the task
     switch (t[F_OPCODE]) {
       case OP_EMBED: run_embed(p, t, 0, ct); break;
 #if MOE
@@ -783,7 +792,7 @@ static void step_command() {
   for (size_t id = 0; id < tasks.size() / TASK_FIELDS && exchanged; ++id) {
     const int* t = &tasks[id * TASK_FIELDS];
     for (Rank& k : ranks) {
-      if (!load_pages(k, s, t, static_cast<int>(id))) {
+      if (!load_pages(k, s, t, static_cast<int>(id), pos)) {
         std::printf("task %zu has more pages than the ring\n", id);
         return;
       }

@@ -187,8 +187,9 @@ def step_source() -> str:
     """What the `step` command runs of the device library: the task table and parameters, the
     shared-memory struct, the task predicates and weights' address, the loader's routed-task
     addressing (MoE), the start of a ring page (over the harness's claim_page), GQA attention's
-    key/value pages (its proxy fence has no host meaning) and the loader of a split-K FFN
-    task, and everything compute runs for a task (the sampling section through the split-K FFN
+    key/value pages (its proxy fence has no host meaning), what the loader puts in an MLA
+    attention task's page (fill_mla_page) and the loader of a split-K FFN task, and everything
+    compute runs for a task (the sampling section through the split-K FFN
     section: matrix-vector tasks, the exchanges between ranks, embedding, sampler, MoE router,
     attention, split-K)."""
     k = KernelSource()
@@ -216,6 +217,8 @@ def step_source() -> str:
         k.between("#if MOE\n// A routed task's row", "// Waits until ring slot"),
         k.definition("__device__ __forceinline__ uint8_t* start_page("),
         f"#if !MLA\n{kv_pages}#endif",
+        k.between("#if MLA\n// A latent cache row", "// The loader's page of an MLA attention task")
+        + "#endif",
         "#if FFN_SPLIT_K", k.definition("__device__ bool load_rows("),
         k.definition("__device__ bool load_split_k("), "#endif",
         k.between("// ---- sampling", "// ---- compute warps"),

@@ -10,8 +10,14 @@ __device__ bool wait_counter(const Params& p, int counter, unsigned target, int 
 // this call, and the other warps may read the row only past the barrier here, which shows them
 // the copy and what thread 0 saw of the counters alike. With DSA, an MLA attention task's wait
 // for the indexer's selection (F_SELECTION_WAIT) is skipped while the selection is every token
-// (mla_selects_all): the task then reads nothing the indexer writes, and its other wait implies
+// (FLAG_EVERY_TOKEN): the task then reads nothing the indexer writes, and its other wait implies
 // every other producer (passes/synchronization.py checks that).
+#if DSA
+// Set by thread 0 at each step's start to mla_selects_all(pos) (a flag word rather than the
+// position held through the waits, which made the DeepSeek-V3.2 kernel spill). Word 4's other
+// user, GQA attention's merge, is not in a DSA (MLA) kernel.
+constexpr int FLAG_EVERY_TOKEN = 4;
+#endif
 __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long step, int task) {
   if (threadIdx.x == 0) {
     bool ok = true;
@@ -19,7 +25,7 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
       const int c = t[F_WAIT0 + 2 * w];
       if (c < 0) continue;
 #if DSA
-      if (w == t[F_SELECTION_WAIT] && p.start_pos + step + 1 <= DSA_TOPK) continue;
+      if (w == t[F_SELECTION_WAIT] && s.flags[FLAG_EVERY_TOKEN]) continue;
 #endif
       const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
       const long long want = static_cast<long long>(n) * (step + 1 - lag);

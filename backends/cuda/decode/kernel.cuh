@@ -21,6 +21,9 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
   // through every task, for the same reason.
   for (long long step = 0; step < p.n_steps && ok; ++step) {
     const long long pos = p.start_pos + step;
+#if DSA  // whether the indexer chooses every token: attention then skips its wait for it (wait_deps)
+    if (ct == 0) s.flags[FLAG_EVERY_TOKEN] = mla_selects_all(pos);
+#endif
     if (step > 0) {  // every CTA learns from the previous token's sampler whether to go on
       ok = wait_counter(p, opaque(static_cast<int>(p.sampler_counter)), static_cast<unsigned>(step), -1);
       if (ct == 0) s.flags[3] = ok && *reinterpret_cast<volatile int*>(&p.status[ST_STOP]) == 0;
@@ -49,9 +52,6 @@ __device__ __forceinline__ void run_compute(const Params& p, Shared& s) {
           p.profile && step < p.profile_steps && ct == 0 ? p.profile + (step * p.n_tasks + id) * 3 : nullptr;
       if (stamp) stamp[0] = now_ns();
       zero_row_sums(s, ct);  // every warp is past the task before's last read of them
-#if MLA
-      if (ct < 32 && t[F_OPCODE] == OP_MLA_ATTENTION) mla_attention_early(p, s, t, pos, consumed, ct);
-#endif
       ok = wait_deps(p, s, t, step, id);
       if (stamp) stamp[1] = now_ns();
       if (!ok) break;

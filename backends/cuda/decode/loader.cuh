@@ -167,6 +167,100 @@ __device__ bool load_kv_chunk(const Params& p, Shared& s, const int* t, long lon
 
 #endif  // !MLA
 
+#if MLA
+// A latent cache row (MLA_W bf16 values, MLA_PIECES 16-byte pieces) as MLA attention stages it:
+// MLA_ROW values, padded to a multiple of 64 plus 8 so that fragment loads hit distinct banks;
+// pieces past MLA_W and before 2 MLA_KSTEPS are zero (the scores' last k-step reads them).
+constexpr int MLA_W = MLA_RANK + MLA_ROPE;
+constexpr int MLA_PIECES = MLA_W / 8;
+constexpr int MLA_KSTEPS = (MLA_W + 15) / 16;
+constexpr int MLA_ROW = (MLA_W + 63) / 64 * 64 + 8;
+
+// The keys [k0, k1) of an attention task's context chunk (F_CHUNK of F_COUNT, cut as GQA
+// attention cuts it; with DSA, a chunk of the indexer's selection, the first min(pos + 1,
+// DSA_TOPK) entries of its list). Up to DSA_TOPK positions the indexer chooses every token, in
+// order (run_dsa_topk), so entry i of its list is i: attention neither reads the list nor waits
+// for it (wait_deps skips the task's F_SELECTION_WAIT).
+struct MlaKeys {
+  long long k0, k1;
+};
+__device__ __forceinline__ bool mla_selects_all(long long pos) {
+#if DSA
+  return pos + 1 <= DSA_TOPK;
+#else
+  return true;
+#endif
+}
+__device__ __forceinline__ MlaKeys mla_keys(const int* t, long long pos) {
+#if DSA
+  const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
+#else
+  const long long n = pos + 1;
+#endif
+  return {chunk_start(n, t[F_CHUNK], t[F_COUNT]), chunk_start(n, t[F_CHUNK] + 1, t[F_COUNT])};
+}
+
+// Whether the loader stages a task's first key block: a whole block of keys known without the
+// indexer (mla_selects_all), all before pos, so appended in earlier steps.
+__device__ __forceinline__ bool mla_first_block_early(long long pos, const MlaKeys& ch) {
+  return mla_selects_all(pos) && ch.k0 + MLA_KEYS <= min(ch.k1, pos);
+}
+
+// An attention task's ring page: every other key block's rows (run_mla_attention), and past a
+// block the position's RoPE cos | sin, which the queries' staging reads.
+constexpr int MLA_FACTORS_AT = MLA_KEYS * MLA_ROW * 2;  // bytes into the page
+static_assert(MLA_FACTORS_AT % 16 == 0 && MLA_ROPE % 4 == 0, "the factors are whole 16-byte pieces");
+static_assert(MLA_FACTORS_AT + MLA_ROPE * 4 <= PAGE_BYTES,
+              "a ring page holds a block's cache rows and the RoPE factors (passes/residency.py)");
+
+// The page's contents: the factors and, `early`, the first block's rows, by bulk copies of
+// mla_page_bytes that complete on `bar`; the rows' zero padding (zero_mla_padding) is ordinary
+// stores, which come first, published by the caller's arrival on `bar`.
+__device__ __forceinline__ uint32_t mla_page_bytes(bool early) {
+  return MLA_ROPE * 4 + (early ? MLA_KEYS * MLA_W * 2 : 0);
+}
+__device__ __forceinline__ void zero_mla_padding(uint8_t* page) {
+  for (int r = 0; r < MLA_KEYS; ++r)
+    for (int c = MLA_PIECES; c < 2 * MLA_KSTEPS; ++c) reinterpret_cast<uint4*>(page + r * MLA_ROW * 2)[c] = uint4{};
+}
+__device__ void fill_mla_page(const Params& p, const int* t, long long pos, uint8_t* page, uint64_t* bar, bool early) {
+  bulk_copy_shared_data(page + MLA_FACTORS_AT, p.act + p.rope_offset + pos * MLA_ROPE, MLA_ROPE * 4, bar);
+  if (!early) return;
+  const long long k0 = mla_keys(t, pos).k0;
+#pragma unroll 1
+  for (int r = 0; r < MLA_KEYS; ++r)
+    bulk_copy_shared_data(page + r * MLA_ROW * 2, p.kv + t[F_KCACHE] + (k0 + r) * MLA_W, MLA_W * 2, bar);
+}
+
+// The loader's page of an MLA attention task (fill_mla_page). The first key block's rows were
+// appended by other SMs in earlier steps (generic proxy) and are read here by bulk copies (async
+// proxy), which nothing else orders: the loader first acquires the task's producers as of the
+// previous step (the q absorption, whose first task appends the latent row; not the indexer's
+// selection), then fences the proxies.
+__device__ bool load_mla_page(const Params& p, Shared& s, const int* t, long long step, int task, uint32_t& issued) {
+  const long long pos = p.start_pos + step;
+  const bool early = mla_first_block_early(pos, mla_keys(t, pos));
+  if (early && step > 0) {
+    for (int w = 0; w < 2; ++w) {
+      const int c = t[F_WAIT0 + 2 * w];
+#if DSA
+      if (w == t[F_SELECTION_WAIT]) continue;
+#endif
+      const unsigned n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1);
+      if (c >= 0 && !acquire(p, c, static_cast<unsigned>(n * step), task, &s.flags[0])) return false;
+    }
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }
+  uint8_t* page = claim_page(p, s, issued);
+  if (!page) return false;
+  if (early) zero_mla_padding(page);
+  uint64_t* full = &s.full[issued++ % RING_PAGES];
+  mbar_expect_tx(full, mla_page_bytes(early));
+  fill_mla_page(p, t, pos, page, full, early);
+  return true;
+}
+#endif  // MLA
+
 #if FFN_SPLIT_K
 // `rows` rows of `rb` bytes from `src`, in pages of whole rows (as compute cuts them).
 __device__ bool load_rows(const Params& p, Shared& s, const uint8_t* src, int rows, int rb, uint32_t& issued) {
@@ -214,9 +308,8 @@ __device__ void run_loader(const Params& p, Shared& s) {
       }
 #endif
 #if MLA
-      if (t[F_OPCODE] == OP_MLA_ATTENTION) {  // a blank page: its slot holds the task's key blocks
-        uint64_t* full;                        // in turn with s.vec (mla_chunk)
-        if (!start_page(p, s, issued, 0, full)) goto drain;
+      if (t[F_OPCODE] == OP_MLA_ATTENTION) {  // its slot holds the task's key blocks in turn with
+        if (!load_mla_page(p, s, t, step, p.stream_tasks[i], issued)) goto drain;  // s.vec (mla_chunk)
         continue;
       }
 #endif

@@ -5,12 +5,10 @@
 // q_latent[h] · latent[j] + q_pe[h] · k_pe[j], i.e. the dot product of the row with the head's
 // query [q_latent | rotated q_pe]; its output is Σ_j p[h, j] latent[j] (the value up-projection
 // is the head_matvec that follows).
-constexpr int MLA_W = MLA_RANK + MLA_ROPE;                     // values of a cache row
-constexpr int MLA_PIECES = MLA_W / 8;                          // its 16-byte pieces
+// (MLA_W, MLA_PIECES, MLA_KSTEPS and MLA_ROW, a cache row's and a staged row's geometry, are
+// the loader's: loader.cuh, which stages a task's first key block.)
 // The tensor-core tiling of mla_chunk (passes/residency.py: mla_staged_floats sizes it alike):
 constexpr int MLA_M = 16;                                      // heads of a task: the rows of an mma tile
-constexpr int MLA_KSTEPS = (MLA_W + 15) / 16;                  // k-steps of a score, the last zero-padded
-constexpr int MLA_ROW = (MLA_W + 63) / 64 * 64 + 8;            // bf16 a staged row (or query) takes
 constexpr int MLA_PROW = MLA_KEYS + 8;                         // bf16 a head's probabilities take
 constexpr int MLA_KSPLIT = 4;                                  // warps sharing a score tile's k-steps
 constexpr int MLA_OT = (MLA_RANK / 8 + COMPUTE_WARPS - 1) / COMPUTE_WARPS;  // output tiles per warp
@@ -191,13 +189,6 @@ __device__ __forceinline__ void stage_row(uint4* dst, const uint4* src, bool liv
 // it (wait_deps skips the task's F_SELECTION_WAIT).
 static_assert(NT % MLA_KEYS == 0, "whole threads per staged row");
 constexpr int MLA_ROW_THREADS = NT / MLA_KEYS;
-__device__ __forceinline__ bool mla_selects_all(long long pos) {
-#if DSA
-  return pos + 1 <= DSA_TOPK;
-#else
-  return true;
-#endif
-}
 __device__ __forceinline__ long long mla_block_row(const Params& p, const int* t, long long pos, long long b0,
                                                    long long k1, int ct) {
   const long long key = b0 + ct / MLA_ROW_THREADS;
@@ -318,7 +309,7 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, const __nv_bfloat1
 // a round trip, ~1 of its ~3 µs (docs/performance.md, session 36). The first block's copies are
 // the caller's, issued before it stages the queries; `next` is the row id of this thread's key
 // in the second block, and each later block's is read a block ahead. `first_in_spare`: the
-// first block's rows were staged in `spare` (mla_attention_early), the next in the stage's.
+// loader staged the first block's rows in `spare` (load_mla_page), the next go in the stage's.
 __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, __nv_bfloat16* spare, long long pos,
                           long long k0, long long k1, long long next, bool first_in_spare, float (&o)[MLA_OT][4],
                           int ct) {
@@ -367,77 +358,32 @@ __device__ void mla_write_part(float* part, const MlaStage& m, const float (&o)[
     __stcg(reinterpret_cast<float2*>(part) + i, reinterpret_cast<const float2*>(staged)[i]);
 }
 
-// The keys [k0, k1) of an attention task's context chunk (F_CHUNK of F_COUNT, cut as GQA
-// attention cuts it; with DSA, a chunk of the indexer's selection, the first min(pos + 1,
-// DSA_TOPK) entries of its list).
-struct MlaKeys {
-  long long k0, k1;
-};
-__device__ __forceinline__ MlaKeys mla_keys(const int* t, long long pos) {
-#if DSA
-  const long long n = min(pos + 1, static_cast<long long>(DSA_TOPK));
-#else
-  const long long n = pos + 1;
-#endif
-  return {chunk_start(n, t[F_CHUNK], t[F_COUNT]), chunk_start(n, t[F_CHUNK] + 1, t[F_COUNT])};
-}
-
-// The task's ring page (blank from the loader) holds every other key block and, past a block,
-// the position's RoPE cos | sin, which the queries' staging reads.
-constexpr int MLA_FACTORS_AT = MLA_KEYS * MLA_ROW * 2;  // bytes into the page
-static_assert(MLA_FACTORS_AT % 16 == 0 && MLA_ROPE % 4 == 0, "the factors are whole 16-byte copies");
-static_assert(MLA_FACTORS_AT + MLA_ROPE * 4 <= PAGE_BYTES,
-              "a ring page holds a block's cache rows and the RoPE factors (passes/residency.py)");
-
-// Whether a task's first key block is staged before its dependency wait: its keys are known
-// without the indexer (mla_block_row) and all of them earlier than pos, so their cache rows
-// were appended in earlier steps, which this SM's waits of the step so far have acquired.
-__device__ __forceinline__ bool mla_first_block_early(long long pos, const MlaKeys& ch) {
-  return mla_selects_all(pos) && ch.k0 < ch.k1 && min(ch.k0 + MLA_KEYS, ch.k1) <= pos;
-}
-
-// Run by warp 0 before the task's dependency wait (run_compute; only warp 0 may read the task's
-// row before the wait's barrier), once the loader has given the task its page: the copies of
-// the RoPE factors at pos into the page and, when mla_first_block_early, of the first key block's
-// rows. They are in flight while the producers finish, instead of two round trips after the
-// wait (the factors, then the block; with DSA also the list's row ids before the block).
-__device__ void mla_attention_early(const Params& p, Shared& s, const int* t, long long pos, uint32_t consumed,
-                                    int lane) {
-  const int slot = consumed % RING_PAGES;
-  ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);
-  uint8_t* page = s.ring + slot * PAGE_BYTES;
-  if (lane < MLA_ROPE / 4) cp_async16(page + MLA_FACTORS_AT + 16 * lane, p.act + p.rope_offset + pos * MLA_ROPE + 4 * lane);
-  const MlaKeys ch = mla_keys(t, pos);
-  if (!mla_first_block_early(pos, ch)) return;
-  __nv_bfloat16* rows = reinterpret_cast<__nv_bfloat16*>(page);
-  for (int r = 0; r < MLA_KEYS; ++r)
-    mla_load_row(p, t, rows + r * MLA_ROW, ch.k0 + r < ch.k1 ? ch.k0 + r : -1, lane, 32);
-}
-
 // One context chunk (mla_keys) of one group of MLA_HEADS heads (F_ROW0): stage the heads'
 // queries (mla_stage_queries); run the chunk; leave (sums, max, sum) per head in mla_partials
 // (F_AUX3), which v expansion merges (stage_merged_heads). The task takes the ring's next page,
-// which the loader leaves blank (run_loader), for the RoPE factors and every other block's rows
-// (mla_chunk; mla_attention_early issued the factors' copies, and maybe the first block's, before
-// the wait), and gives it back in mla_release_page, after its signal: the loader's next bulk
-// copy into the slot would otherwise share the SM's path from L2 with the acknowledgements of
-// the result's stores, which the signal's release waits for.
+// in which the loader has put the RoPE factors and, when mla_first_block_early, the first key
+// block's rows (load_mla_page), for every other block's rows (mla_chunk), and gives it back in
+// mla_release_page, after its signal: the loader's next bulk copy into the slot would otherwise
+// share the SM's path from L2 with the acknowledgements of the result's stores, which the
+// signal's release waits for.
 __device__ void run_mla_attention(const Params& p, Shared& s, const int* t, long long pos, uint32_t& consumed,
                                   int ct) {
   const int g = t[F_ROW0], chunks = t[F_COUNT], c = t[F_CHUNK];
   const MlaKeys ch = mla_keys(t, pos);
   const bool early = mla_first_block_early(pos, ch);
   const MlaStage stage{s.vec};
-  uint8_t* page = s.ring + consumed % RING_PAGES * PAGE_BYTES;
+  const int slot = consumed % RING_PAGES;
+  uint8_t* page = s.ring + slot * PAGE_BYTES;
+  // the first two blocks' row ids (with DSA past DSA_TOPK a round trip to L2), then the first
+  // block's copies, in flight while the queries stage
   const long long row = early ? -1 : mla_block_row(p, t, pos, ch.k0, ch.k1, ct);
   const long long second = mla_block_row(p, t, pos, ch.k0 + MLA_KEYS, ch.k1, ct);
   for (int h = ct; h < MLA_HEADS; h += NT) {
     stage.st()[h] = -INFINITY;
     stage.st()[MLA_HEADS + h] = 0.f;
   }
-  if (ct < 32) cp_async_wait_all();  // warp 0's early copies, before it issues any of the block's
-  if (!early) mla_load_block(p, t, stage.rows(), row, ct);  // in flight while queries stage
-  compute_sync();  // the factors
+  if (!early) mla_load_block(p, t, stage.rows(), row, ct);
+  ring_wait(p, &s.full[slot], (consumed / RING_PAGES) & 1, nullptr);  // the factors (and the block)
   mla_stage_queries(p, t, stage, reinterpret_cast<const float*>(page + MLA_FACTORS_AT), g, ct);
   float acc[MLA_OT][4] = {};
   mla_chunk(p, t, stage, reinterpret_cast<__nv_bfloat16*>(page), pos, ch.k0, ch.k1, second, early, acc, ct);
