@@ -5,7 +5,7 @@ Decides:
   ring gets all shared memory not needed for the activation vector a task reads, as pages of
   `page_bytes` (at least `PAGE_KB`, grown to hold a dense row op's largest task whole where
   that keeps the ring's depth: `_page_holding_row_tasks`; and at least a block of an MLA
-  attention task's cache rows, which it keeps in a blank page of the ring every other block),
+  attention task's cache rows and the RoPE factors, which it keeps in its page of the ring),
   and its depth is checked against Little's law (bytes in flight per SM must cover the SM's
   share of bandwidth times the HBM latency);
 - activations (a few KB per layer), norm weights and the RoPE table are L2-resident global
