@@ -32,12 +32,9 @@ __device__ __forceinline__ int2 rope_pair(int i, bool interleaved = MLA_ROPE_INT
 __device__ __forceinline__ int rope_pair_of(int d, bool interleaved = MLA_ROPE_INTERLEAVED) {
   return interleaved ? d / 2 : d % (MLA_ROPE / 2);
 }
-__device__ __forceinline__ float2 rope_factors(const float* cs, int i) { return make_float2(cs[i], cs[MLA_ROPE / 2 + i]); }
-__device__ __forceinline__ float2 rope_rotate(float a, float b, float2 f) {
-  return make_float2(a * f.x - b * f.y, b * f.x + a * f.y);
-}
 __device__ __forceinline__ float2 rope_rotate(float a, float b, const float* cs, int i) {
-  return rope_rotate(a, b, rope_factors(cs, i));
+  const float c = cs[i], sn = cs[MLA_ROPE / 2 + i];
+  return make_float2(a * c - b * sn, b * c + a * sn);
 }
 
 // The latent prologue, run by the first q-absorption task (passes/fusion_mla.py says why
@@ -109,11 +106,12 @@ __device__ __forceinline__ void mla_a_fragment(uint32_t (&a)[4], const __nv_bflo
 }
 
 // The group's queries times the softmax scale, the A rows of the scores: q_latent (F_IN), then
-// q's rope part (F_AUX) rotated at pos (`cs`, staged in the task's ring page), as bf16 hi | lo; heads past MLA_HEADS and dims past
-// MLA_W (the last k-step's padding) are zero. A thread loads all of its share first (q_latent
-// four dims a load), then converts and stores it: item by item, a DeepSeek-V3.2 task's staging
-// took 2.50 us, now 2.32 (H200). Its time is not the loads' round trips: with the cos | sin
-// loaded beside them too it took 3.4 (docs/performance.md, session 36).
+// q's rope part (F_AUX) rotated at pos (`cs`, which the loader put in the task's ring page), as
+// bf16 hi | lo; heads past MLA_HEADS and dims past MLA_W (the last k-step's padding) are zero. A
+// thread loads all of its share first (q_latent four dims a load), then converts and stores it:
+// item by item, a DeepSeek-V3.2 task's staging took 2.50 us, now 2.32 (H200). Its time is not
+// the loads' round trips: with the cos | sin loaded beside them too it took 3.4
+// (docs/performance.md, session 36).
 constexpr int MLA_Q_LAT_ITEMS = (MLA_M * MLA_RANK / 4 + NT - 1) / NT;  // a thread's 4-dim pieces
 constexpr int MLA_Q_TAIL = 16 * MLA_KSTEPS - MLA_RANK;                 // a staged query's dims past its latent
 constexpr int MLA_Q_TAIL_ITEMS = (MLA_M * MLA_Q_TAIL + NT - 1) / NT;   // a thread's rope (or padding) dims
@@ -201,14 +199,11 @@ __device__ __forceinline__ long long mla_block_row(const Params& p, const int* t
 // Issues the thread's copies of its key's row (asynchronous, no registers held): the caller
 // waits (cp_async_wait_all) and publishes the rows with a barrier, so that a block costs one
 // round trip to HBM.
-__device__ __forceinline__ void mla_load_row(const Params& p, const int* t, __nv_bfloat16* row_at, long long row,
-                                             int c0, int step) {
-  stage_row(reinterpret_cast<uint4*>(row_at), reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + max(row, 0ll) * MLA_W),
-            row >= 0, MLA_PIECES, 2 * MLA_KSTEPS, c0, step);
-}
 __device__ __forceinline__ void mla_load_block(const Params& p, const int* t, __nv_bfloat16* rows, long long row,
                                                int ct) {
-  mla_load_row(p, t, rows + ct / MLA_ROW_THREADS * MLA_ROW, row, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
+  stage_row(reinterpret_cast<uint4*>(rows + ct / MLA_ROW_THREADS * MLA_ROW),
+            reinterpret_cast<const uint4*>(p.kv + t[F_KCACHE] + max(row, 0ll) * MLA_W), row >= 0, MLA_PIECES,
+            2 * MLA_KSTEPS, ct % MLA_ROW_THREADS, MLA_ROW_THREADS);
 }
 
 // S = Q K^T of the block staged in `rows`: a warp's item is an n-tile of 8 keys (B = the keys'
@@ -307,9 +302,9 @@ __device__ __forceinline__ void mla_values(const MlaStage& m, const __nv_bfloat1
 // stage's rows and `spare` (a ring page), so that a block's copies are issued as the block before
 // it begins and land while it is computed: with one buffer each block after the first began with
 // a round trip, ~1 of its ~3 µs (docs/performance.md, session 36). The first block's copies are
-// the caller's, issued before it stages the queries; `next` is the row id of this thread's key
-// in the second block, and each later block's is read a block ahead. `first_in_spare`: the
-// loader staged the first block's rows in `spare` (load_mla_page), the next go in the stage's.
+// the caller's, issued before it stages the queries, or, `first_in_spare`, the loader's, into
+// `spare` (load_mla_page; the next block then goes in the stage's rows); `next` is the row id of
+// this thread's key in the second block, and each later block's is read a block ahead.
 __device__ void mla_chunk(const Params& p, const int* t, const MlaStage& m, __nv_bfloat16* spare, long long pos,
                           long long k0, long long k1, long long next, bool first_in_spare, float (&o)[MLA_OT][4],
                           int ct) {
