@@ -84,7 +84,7 @@ def mla_block_bytes(program: Program) -> int:
     """Bytes of the ring page of the program's MLA attention (0 without one): its tasks keep
     every other block in a ring page (decode/mla.cuh: mla_chunk), so that the next block's copies
     land while one is computed, and after the block the position's RoPE cos | sin (fp32), which
-    warp 0 copies there before the task's dependency wait (mla_attention_early)."""
+    the loader puts there with, maybe, the first block (decode/loader.cuh: load_mla_page)."""
     return max((_mla_block(op.attrs["kv_lora_rank"], op.attrs["qk_rope_head_dim"])
                 + 4 * op.attrs["qk_rope_head_dim"]
                 for op in program.graph.ops() if op.opcode == "mla_attention"), default=0)

@@ -9,7 +9,8 @@ another producer: release/acquire is cumulative, so seeing the later producer's 
 the earlier one's writes. The embedding of step s waits on the argmax of step s - 1 (lag 1),
 which is what closes the token loop inside the kernel. A chunked attention op signals once per
 KV group: its chunk tasks arrive on a per-group counter and the last to arrive merges the
-group and signals.
+group and signals. A DSA attention's wait for its indexer's selection is marked
+(`selection_wait`): the kernel skips it while the selection is every token (`waits_at`).
 
 Under tensor parallelism (tp > 1) each rank runs the same streams on its shard, and ranks meet
 only in exchanges, which are waits on counters too. Decided here: an all-reduce is done inside

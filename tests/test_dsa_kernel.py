@@ -288,9 +288,9 @@ def assert_scores_match(bufs: dict[str, torch.Tensor], env: dict[str, torch.Tens
 # indexer's RoPE interleaved, a layer reusing the layer before's selection) on 7 SMs. With FP8
 # weights (the indexer's wq_b and wk too, its head weights bf16 in an op of their own):
 # deepseek-v3.2-tiny above the top-k, and GLM-5-tiny (W_uk's rows with one scale per 8
-# columns) on 7 SMs. Below the top-k on 2 SMs: attention skips its wait for the selection and
-# stages its first key blocks before its dependency wait (mla_attention_early), but for the
-# block holding the step's key.
+# columns) on 7 SMs. Below the top-k on 2 SMs: attention takes no wait for the selection, and
+# the loader stages the chunks' first key blocks (load_mla_page), but for a block holding the
+# step's key.
 STEPS = [
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 10),
     ("bf16", "deepseek-v3.2-tiny", {}, "h200", 100),

@@ -227,7 +227,7 @@ __device__ void fill_mla_page(const Params& p, const int* t, long long pos, uint
   bulk_copy_shared_data(page + MLA_FACTORS_AT, p.act + p.rope_offset + pos * MLA_ROPE, MLA_ROPE * 4, bar);
   if (!early) return;
   const long long k0 = mla_keys(t, pos).k0;
-#pragma unroll 1
+#pragma unroll 1  // one thread issues them: unrolled they would only lengthen the loader's code
   for (int r = 0; r < MLA_KEYS; ++r)
     bulk_copy_shared_data(page + r * MLA_ROW * 2, p.kv + t[F_KCACHE] + (k0 + r) * MLA_W, MLA_W * 2, bar);
 }
