@@ -6,10 +6,12 @@ overwrote it), and the logits of every step are the interpreter's.
 
 The model is the kernel's (backends/cuda/decode/): each SM runs its stream in order once per
 decode step; before the first task of step s > 0 it waits for the sampler's counter to reach s;
-before a task it waits, for each (counter, per_step, lag), until counter >= per_step *
-(step + 1 - lag); after it the task increments its counter, or, for a chunked op, its group's
-arrival counter, and the arrival that completes the step's count merges the group and
-increments the op's counter. Tasks are atomic here: dependencies live at task boundaries.
+before a task it waits, for each (counter, per_step, lag) the kernel takes at the step's
+position (`synchronization.waits_at`: a DSA attention skips its wait for a selection of every
+token), until counter >= per_step * (step + 1 - lag); after it the task increments its
+counter, or, for a chunked op, its group's arrival counter, and the arrival that completes the
+step's count merges the group and increments the op's counter. Tasks are atomic here:
+dependencies live at task boundaries.
 
 What each task reads, writes and computes comes from `task_semantics.py`. A sequential pass
 over the step (ops in program order) gives, for every region a task reads, the writer it must
