@@ -94,6 +94,11 @@ def synchronize(program: Program) -> Program:
             t.exchange = exchange_base[t.op] + t.index
     program.decide("synchronization", f"{len(program.counters)} counters (one per fused op), "
                    "monotonic across steps; waits pruned to non-implied producers")
+    marked = [op.name for op in ops if "selection_wait" in op.attrs]
+    if marked:
+        program.decide("synchronization", f"{len(marked)} DSA attention ops take no wait for "
+                       "their indexer's top-k while the context is at most index_topk tokens "
+                       "(every token is selected, in order)")
     if exchange_base:
         program.decide("synchronization", f"tp {program.tp}: {len(exchange_base) - 1} "
                        "all-reduces inside their ops' tasks (each task's partial rows to every "

@@ -236,6 +236,8 @@ def test_attention_marks_its_wait_for_the_selection_only_where_it_runs_the_index
             mark = op.attrs["selection_wait"]
             assert waits[mark] == f"layers.{layer}.dsa.topk"
             assert waits[1 - mark] == f"layers.{layer}.q_absorb"
+        marked = sum("selection_wait" in op.attrs for op in program.graph.ops())
+        assert any(f"{marked} DSA attention ops take no wait" in str(d) for d in program.decisions)
         cols = fields(program)
         rows = {t.op: encode_task(program, t, cols=cols) for t in program.tasks}
         assert all(rows[op.name][cols.index("selection_wait")] == op.attrs.get("selection_wait", -1)
