@@ -27,7 +27,7 @@ __device__ bool wait_deps(const Params& p, Shared& s, const int* t, long long st
 #if DSA
       if (w == t[F_SELECTION_WAIT] && s.flags[FLAG_EVERY_TOKEN]) continue;
 #endif
-      const int n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1), lag = t[F_WAIT0_N + 2 * w] >> LAG_SHIFT;
+      const int n = wait_per_step(t, w), lag = wait_lag(t, w);
       const long long want = static_cast<long long>(n) * (step + 1 - lag);
       if (want > 0) ok = acquire(p, c, static_cast<unsigned>(want), task, nullptr) && ok;
     }

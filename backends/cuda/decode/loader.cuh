@@ -246,7 +246,7 @@ __device__ bool load_mla_page(const Params& p, Shared& s, const int* t, long lon
 #if DSA
       if (w == t[F_SELECTION_WAIT]) continue;
 #endif
-      const unsigned n = t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1);
+      const unsigned n = wait_per_step(t, w);
       if (c >= 0 && !acquire(p, c, static_cast<unsigned>(n * step), task, &s.flags[0])) return false;
     }
     asm volatile("fence.proxy.async.global;" ::: "memory");

@@ -78,6 +78,9 @@ enum Field : int {
 };
 enum WeightFormat : int { WF_BF16 = 0, WF_FP8 = 1, WF_FP8_TILES = 2 };  // F_W_FORMAT of a matrix-vector task
 constexpr int LAG_SHIFT = 24;  // a wait's per-step count in the low bits, its step lag above
+// A task's wait w (0, 1): the increments its counter gets per step, and its step lag.
+__device__ __forceinline__ int wait_per_step(const int* t, int w) { return t[F_WAIT0_N + 2 * w] & ((1 << LAG_SHIFT) - 1); }
+__device__ __forceinline__ int wait_lag(const int* t, int w) { return t[F_WAIT0_N + 2 * w] >> LAG_SHIFT; }
 
 // ---- kernel parameters: 8-byte words, laid out by backends/cuda/runtime.py ---------------
 struct Params {
