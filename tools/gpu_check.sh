@@ -20,8 +20,8 @@
 #   bench     a short `tilertc bench` of llama-3.2-1b with its profile;
 #   layers    issue 6's per-layer bench: one FP8 dense and one FP8 MoE layer of DeepSeek-V3.2 and
 #             of GLM-5 against their rooflines (`tilertc bench MODEL --weight-dtype fp8
-#             --per-layer --layers-timed 2 --context 1024 --gen 128`; ~2.5 minutes a model on
-#             an H100); LAYER_MODELS="glm-5" (say) times only those, for a call with less
+#             --per-layer --layers-timed 2 --context 1024 --gen 128`; ~1 minute a model on
+#             an H100, session 67); LAYER_MODELS="glm-5" (say) times only those, for a call with less
 #             device time left than both take;
 #   ab        two builds of each one-layer model side by side: for every pair of artifacts
 #             .out/ab/NAME-old and .out/ab/NAME-new (built on the development machine, e.g.
