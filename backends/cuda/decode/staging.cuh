@@ -239,12 +239,17 @@ __device__ void stage_vector(const Params& p, Shared& s, const int* t, int ct) {
   float ss = 0.f;
   // x and the norm weight are loaded together (one round trip to L2); x * gamma is staged and
   // the 1/rms scale, known only after the reduction, is applied to the row sums instead. (A
-  // down task, whose inputs carry their combine weights, is not normed: ss goes unused.)
+  // down task, whose inputs carry their combine weights, is not normed: ss goes unused.) The
+  // norm weight is asked for first: asked for after x, nvcc issued its load behind the branch
+  // of a down task's combine weight, which waits for x, so each stride cost two round trips
+  // and the next stride's loads waited for this one's store (SASS of the DeepSeek-V3.2 kernel,
+  // session 67); now two strides' loads are in flight at once. Loading more strides before
+  // using any spilled registers there (4 strides: 336 bytes of spill stores; 2: 96).
   for (int i = ct; i < k4; i += COMPUTE_WARPS * 32) {
+    const float4 g = norm ? __ldcg(gamma + i) : float4{};
     float4 a = in.at(i);
     ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     if (norm) {
-      const float4 g = __ldcg(gamma + i);
       a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
     }
     v[i] = a;
