@@ -48,6 +48,9 @@
 # unless the GPU's name contains it: a call that asks for an H200 without needs_h200 may get an
 # H100, and a verdict run (`NEEDS_GPU=H200 bash tools/gpu_check.sh layers`) then costs the
 # machine's start instead of ~5 minutes of device time for timings that do not count.
+# OTHERWISE names the stages to run instead on such a machine, so that the start buys H100
+# timings rather than nothing (sessions 57-68 asked for an H200 and mostly got an H100 or no
+# machine at all): `NEEDS_GPU=H200 OTHERWISE="paths stream" bash tools/gpu_check.sh layers`.
 # TileLang artifacts compiled elsewhere are used when TILERTC_TILELANG_ARTIFACTS names them
 # (docs/backends.md).
 set -uo pipefail
@@ -56,7 +59,8 @@ out=${OUT:-gpu-check}
 mkdir -p "$out"
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(kernel tests sanitize bench)
-for stage in "${stages[@]}"; do
+read -r -a otherwise <<<"${OTHERWISE:-}"
+for stage in "${stages[@]}" "${otherwise[@]}"; do
     case $stage in
         kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe | stream) ;;
         *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream)"; exit 2 ;;
@@ -66,8 +70,12 @@ done
 gpus=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)
 gpu=${gpus%%,*}  # the first GPU's name
 if [ -n "${NEEDS_GPU:-}" ] && [[ "$gpu" != *"$NEEDS_GPU"* ]]; then
-    echo "NEEDS_GPU=$NEEDS_GPU, but this machine has ${gpu:-no GPU}: nothing run"
-    exit 3
+    if [ ${#otherwise[@]} -eq 0 ]; then
+        echo "NEEDS_GPU=$NEEDS_GPU, but this machine has ${gpu:-no GPU}: nothing run"
+        exit 3
+    fi
+    echo "NEEDS_GPU=$NEEDS_GPU, but this machine has ${gpu:-no GPU}: running ${otherwise[*]} instead"
+    stages=("${otherwise[@]}")
 fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.txt" 2>&1 ||
     { echo "install failed: $out/install.txt"; exit 1; }
