@@ -60,13 +60,15 @@ def find_nvdisasm() -> str:
     raise FileNotFoundError("nvdisasm not found: install the `sass` extra or the CUDA toolkit")
 
 
-def listing_of(artifact: Path) -> str:
-    """`nvdisasm -g` of ARTIFACT's kernel.cu compiled with line information."""
+def listing_of(artifact: Path, inline: bool = False) -> str:
+    """`nvdisasm -g` of ARTIFACT's kernel.cu compiled with line information; with `inline`,
+    `-gi`: each location with the chain of calls it was inlined into."""
     arch = json.loads((artifact / "manifest.json").read_text())["target"]["arch"]
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         compile_cubin(artifact / "kernel.cu", cubin, arch, extra_flags=["-lineinfo"])
-        return subprocess.run([find_nvdisasm(), "-g", "-c", str(cubin)], check=True,
+        flag = "-gi" if inline else "-g"
+        return subprocess.run([find_nvdisasm(), flag, "-c", str(cubin)], check=True,
                               capture_output=True, text=True).stdout
 
 

@@ -4,7 +4,7 @@
 #
 #   bash tools/gpu_check.sh [STAGE ...]
 #
-# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream (default:
+# STAGE: kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream, stalls (default:
 # kernel, tests, sanitize, bench).
 #
 # Installs the checkout (editable, no dependencies: torch and friends are on the machine), then
@@ -42,7 +42,11 @@
 #   stream    tools/stream_probe.py run of every stream probe build under .out/ab (made here by
 #             `python tools/stream_probe.py build ART .out/ab/NAME [--pages N]`), at its context:
 #             per op, staging, pages a task, a page's compute as compute thread 0 sees it, the
-#             waits for pages, into $out/stream.txt and to stdout.
+#             waits for pages, into $out/stream.txt and to stdout;
+#   stalls    tools/stall_profile.py run of every build under .out/ab that paths times: Nsight
+#             Compute's warp samples per SASS instruction, by stall reason, into
+#             $out/stalls-NAME.csv (~10 MB, ~1 minute a build); fold them on the development
+#             machine with `python tools/stall_profile.py report .out/ab/NAME stalls-NAME.csv`.
 # Logs and bench files go to $OUT (a lent machine's output folder), else ./gpu-check; one
 # summary line per step goes to stdout. With NEEDS_GPU set (e.g. NEEDS_GPU=H200) nothing runs
 # unless the GPU's name contains it: a call that asks for an H200 without needs_h200 may get an
@@ -62,8 +66,8 @@ stages=("$@")
 read -r -a otherwise <<<"${OTHERWISE:-}"
 for stage in "${stages[@]}" "${otherwise[@]}"; do
     case $stage in
-        kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe | stream) ;;
-        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream)"; exit 2 ;;
+        kernel | tests | full | tp | sanitize | bench | layers | ab | paths | probe | stream | stalls) ;;
+        *) echo "unknown stage '$stage' (kernel, tests, full, tp, sanitize, bench, layers, ab, paths, probe, stream, stalls)"; exit 2 ;;
     esac
 done
 
@@ -219,6 +223,19 @@ probe_builds() {
 
 probe() { probe_builds phase_probe has_marks probe "${PROBE_OPS[@]/#/--op=}"; }
 stream() { probe_builds stream_probe is_stream_build stream; }
+
+stalls() {
+    local build name
+    [ -d .out/ab ] || { echo "stalls: no .out/ab"; return; }
+    for build in .out/ab/*/; do
+        build=${build%/}
+        { has_marks "$build" || is_stream_build "$build"; } && continue  # a probe stage's build
+        name=$(basename "$build")
+        timeout 240 python3 tools/stall_profile.py run "$build" "$out/stalls-$name.csv" \
+            --context "$(context_of "$build")" >"$out/stalls-$name.txt" 2>&1
+        echo "stalls $build (rc $?): $out/stalls-$name.csv ($(cat "$out/stalls-$name.csv" 2>/dev/null | wc -l) lines)"
+    done
+}
 
 for stage in "${stages[@]}"; do
     "$stage"
