@@ -182,12 +182,19 @@ ab() {
     [ $pairs -gt 0 ] || echo "ab: no pair of .out/ab/NAME-old and .out/ab/NAME-new"
 }
 
+# The builds under .out/ab that are not a probe stage's (below), one a line.
+plain_builds() {
+    local build
+    for build in .out/ab/*/; do
+        build=${build%/}
+        has_marks "$build" || is_stream_build "$build" || echo "$build"
+    done
+}
+
 paths() {
     local build from report=$out/paths.txt
     [ -d .out/ab ] || { echo "paths: no .out/ab"; return; }
-    for build in .out/ab/*/; do
-        build=${build%/}
-        { has_marks "$build" || is_stream_build "$build"; } && continue  # a probe stage's build
+    for build in $(plain_builds); do
         from=$(next_line "$report")  # this build's lines
         echo "== $build" | tee -a "$report"
         timeline "$build" "$report" || echo "  layer_path failed (rc $?): $report"
@@ -227,9 +234,7 @@ stream() { probe_builds stream_probe is_stream_build stream; }
 stalls() {
     local build name
     [ -d .out/ab ] || { echo "stalls: no .out/ab"; return; }
-    for build in .out/ab/*/; do
-        build=${build%/}
-        { has_marks "$build" || is_stream_build "$build"; } && continue  # a probe stage's build
+    for build in $(plain_builds); do
         name=$(basename "$build")
         timeout 240 python3 tools/stall_profile.py run "$build" "$out/stalls-$name.csv" \
             --context "$(context_of "$build")" >"$out/stalls-$name.txt" 2>&1

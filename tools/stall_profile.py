@@ -5,9 +5,9 @@
 
 `run` decodes ARTIFACT (random weights, from position N) under `ncu` (the WarpStateStats and
 SourceCounters sections, clocks left alone): a warm-up launch, then one profiled launch of 8
-steps; it writes ncu's source page as CSV, one
-row per SASS instruction with its warp samples by stall reason (`stall_no_inst`: waiting for
-the instruction itself, `stall_long_sb`: for a global load, `stall_barrier`: at a barrier, ...).
+steps; it writes ncu's source page as CSV, one row per SASS instruction with its warp samples by
+stall reason (`stall_no_inst`: waiting for the instruction itself, `stall_long_sb`: for a global
+load, `stall_barrier`: at a barrier, ...).
 A sample is one warp of one SM sub-partition at one moment, so a row's count is the time warps
 spent at that instruction, summed over warps and SMs.
 
